@@ -1,0 +1,53 @@
+# Two commands for a newcomer (see README): `make demo` and `make test`.
+# Both create .venv, install fedbalance with every extra, and (as root, where apt exists)
+# the Debian packages OpenMPI and dataset-fashion-mnist.
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+# torch/torchvision are served from this project's machines' local disk at these versions;
+# override on other machines, e.g. `make TORCH_SPEC='torch torchvision' test`.
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+APT_PACKAGES := openmpi-bin libopenmpi-dev dataset-fashion-mnist
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps demo test test-fast lint bench-perf clean
+
+setup: system-deps $(VENV)/.installed
+
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian packages:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else \
+		echo "note: not root or no apt-get; install these for MPI runs and Fashion-MNIST:$$missing"; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_SPEC)
+	@if command -v mpicc >/dev/null; then extras=all; else extras=fedlab,fedml,bench,dev; \
+		echo "note: no MPI compiler (mpicc); installing without the mpi extra"; fi; \
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[$$extras]"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/fedbalance demo --out runs/demo
+
+lint: setup
+	$(PY) -m ruff check fl_aggregators fl_partitions adapters benchmarks tests
+	$(PY) -m mypy
+
+test: lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Skips the slow end-to-end runs (real frameworks, real processes); CI runs everything.
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench-perf: setup
+	$(VENV)/bin/fedbalance bench perf-partition
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

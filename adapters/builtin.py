@@ -1,0 +1,19 @@
+"""fedbalance's own plugins, registered through the ``fedbalance`` entry-point group."""
+
+from __future__ import annotations
+
+from fl_adapters.hookspecs import hookimpl
+
+from fl_partitions.builtin import BUILTIN_PARTITIONERS
+
+
+@hookimpl
+def fedbalance_aggregators() -> list[type]:
+    from fl_aggregators import BUILTIN_AGGREGATORS
+
+    return list(BUILTIN_AGGREGATORS)
+
+
+@hookimpl
+def fedbalance_partitioners() -> list[type]:
+    return list(BUILTIN_PARTITIONERS)

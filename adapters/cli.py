@@ -1,0 +1,227 @@
+"""The ``fedbalance`` command line.
+
+Every error a user can cause (bad value, unknown name, missing dataset, unreadable file) is
+printed as one line naming what was wrong, and the exit status is 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
+from fl_adapters.registry import PluginError, get_registry
+
+log = logging.getLogger("fedbalance")
+
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    TypeError,
+    KeyError,
+    PluginError,
+    FileNotFoundError,
+    PermissionError,
+)
+
+
+class UsageError(ValueError):
+    """A command-line value that does not fit (exit status 2)."""
+
+
+def parse_assignments(pairs: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` pairs with YAML values (``beta=0.5``, ``components=[...]``)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set expects key=value, got {pair!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise UsageError(f"--set {key}: cannot parse value {raw!r}: {e}") from e
+    return out
+
+
+def read_spec(path: str) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise UsageError(f"--spec {path}: cannot read a YAML mapping ({e})") from e
+    if not isinstance(doc, dict):
+        raise UsageError(
+            f"--spec {path}: must hold a mapping with 'name' and parameters, got {type(doc).__name__}"
+        )
+    return doc
+
+
+# -- commands ---------------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> int:
+    reg = get_registry().as_dict()
+    if args.json:
+        print(json.dumps(reg, indent=2))
+        return 0
+    for kind, infos in reg.items():
+        print(f"{kind}:")
+        width = max((len(i["name"]) for i in infos), default=0)
+        for info in infos:
+            print(f"  {info['name'].ljust(width)}  {info['description']}  [{info['source']}]")
+        if not infos:
+            print("  (none)")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from fedbalance_benchmarks.datasets import load_labels
+
+    spec: dict[str, Any] = read_spec(args.spec) if args.spec else {}
+    if args.scheme:
+        spec["name"] = args.scheme
+    if "name" not in spec:
+        raise UsageError("give --scheme NAME or a --spec file with a 'name'")
+    spec.update(parse_assignments(args.set))
+    partitioner = get_registry().make_partitioner(spec)
+    labels = load_labels(args.dataset, args.data_dir, args.download)
+    start = time.perf_counter()
+    partition = partitioner.partition(labels, args.clients, seed=args.seed)
+    elapsed = time.perf_counter() - start
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partition.save(out, extra={"dataset": args.dataset, "elapsed_s": round(elapsed, 6)})
+    print(
+        markdown_table(
+            PARTITION_HEADER, [partition_row(partition.spec["name"], partition, elapsed)]
+        )
+    )
+    print(f"wrote {out}")
+    if args.plot:
+        from fl_partitions.plots import plot_class_bars
+
+        plot_class_bars(partition, args.plot, title=f"{args.dataset}: {partition.spec['name']}")
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from fl_adapters.demo import run_demo
+
+    return run_demo(
+        out_dir=Path(args.out), clients=args.clients, seed=args.seed, data_dir=args.data_dir
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(BENCHES[args.suite])
+    return int(module.main(args.rest))
+
+
+#: ``fedbalance bench NAME`` -> module with ``main(argv)``; runnable from an installed wheel.
+BENCHES = {"perf-partition": "fedbalance_benchmarks.perf_partition"}
+
+
+# -- parser -----------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's own: usage + message, exit 2
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fedbalance", description="Bias-mitigation plugins for FedLab and FedML.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("list", help="list aggregators and partitioners")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("partition", help="partition a dataset's labels and write JSON")
+    p.add_argument(
+        "--dataset",
+        required=True,
+        help="fmnist, digits, cifar10, svhn, emnist, or npy:PATH (a labels array)",
+    )
+    p.add_argument("--scheme", help="partitioner name (see `fedbalance list`)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="partitioner parameter (YAML value), repeatable",
+    )
+    p.add_argument("--spec", help="YAML file with a partitioner spec {name: ..., params...}")
+    p.add_argument("--clients", type=positive_int, required=True)
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--out", required=True, help="output JSON file")
+    p.add_argument("--plot", help="also write stacked class bars to this PNG")
+    p.add_argument(
+        "--data-dir", help="where datasets are (default: $FEDBALANCE_DATA, system paths)"
+    )
+    p.add_argument("--download", action="store_true", help="let torchvision download a dataset")
+    p.set_defaults(func=cmd_partition)
+
+    p = sub.add_parser("demo", help="the main job: partition with the thesis's scenarios")
+    p.add_argument("--out", default="runs/demo", help="directory for tables and plots")
+    p.add_argument("--clients", type=positive_int, default=30)
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--data-dir")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("bench", help="run a bundled benchmark (extra arguments go to it)")
+    p.add_argument("suite", choices=sorted(BENCHES))
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in (
+        "fedbalance",
+        "fl_adapters",
+        "fl_aggregators",
+        "fl_partitions",
+        "fedbalance_benchmarks",
+    ):
+        logging.getLogger(name).setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    # torch warns about a deprecated pynvml on import; irrelevant on a CPU command line.
+    warnings.filterwarnings("ignore", message=".*pynvml.*", category=FutureWarning)
+    try:
+        return int(args.func(args))
+    except USER_ERRORS as e:
+        print(f"fedbalance {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Offline-first dataset loaders for the benchmarks and the command line.
+
+* ``fmnist`` — Fashion-MNIST from the Debian package ``dataset-fashion-mnist``
+  (``/usr/share/datasets/fashion-mnist``), ``$FEDBALANCE_DATA``/``--data-dir``, or a torchvision
+  ``FashionMNIST/raw`` cache below them. Read straight from the IDX files: no download.
+* ``digits`` — scikit-learn's bundled 8x8 digits (1,797 images), always available offline.
+* ``cifar10``, ``svhn``, ``emnist`` — through torchvision, from ``--data-dir`` or
+  ``$FEDBALANCE_DATA``; downloaded only when the caller asks (``download=True``).
+* ``npy:PATH`` — a labels array a user brings (``.npy``; read without pickle).
+
+A missing dataset raises :class:`DatasetUnavailable`, saying where it was looked for and how to
+get it. Nothing here downloads unless asked.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
+DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
+# Fashion-MNIST's normalisation constants (mean, std of the training pixels).
+FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530
+
+
+class DatasetUnavailable(FileNotFoundError):
+    """The dataset is not on this machine; the message says how to get it."""
+
+
+@dataclass(frozen=True)
+class ArrayDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Images and labels held in memory as tensors; ``x`` float (N, C, H, W), ``y`` int64."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    name: str = ""
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+    @property
+    def targets(self) -> NDArray[np.int64]:
+        return self.y.numpy()
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.y.max()) + 1
+
+
+def data_roots(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Where datasets are looked for, in order."""
+    roots = [Path(p) for p in (data_dir, os.environ.get("FEDBALANCE_DATA")) if p]
+    return [*roots, Path.home() / ".cache" / "fedbalance"]
+
+
+def _read_idx(path: Path) -> NDArray[np.uint8]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        data = fh.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise ValueError(f"{path}: not an IDX file of unsigned bytes")
+    ndim = data[3]
+    dims = np.frombuffer(data, dtype=">i4", count=ndim, offset=4)
+    arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if arr.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: truncated IDX file ({arr.size} of {int(np.prod(dims))} values)")
+    return arr.reshape(tuple(int(d) for d in dims))
+
+
+def _find_fmnist(stem: str, data_dir: str | os.PathLike[str] | None) -> Path:
+    candidates = []
+    for root in [*data_roots(data_dir), DEBIAN_FMNIST]:
+        for folder in (root, root / "fashion-mnist", root / "FashionMNIST" / "raw"):
+            candidates += [folder / f"{stem}.gz", folder / stem]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise DatasetUnavailable(
+        f"Fashion-MNIST file {stem}[.gz] not found (looked in {DEBIAN_FMNIST}, $FEDBALANCE_DATA, "
+        f"--data-dir and ~/.cache/fedbalance). Install it with `apt-get install "
+        f"dataset-fashion-mnist` (Debian/Ubuntu), or put the four IDX files in --data-dir."
+    )
+
+
+def load_fmnist(
+    train: bool = True, data_dir: str | os.PathLike[str] | None = None, normalize: bool = True
+) -> ArrayDataset:
+    """Fashion-MNIST as (N, 1, 28, 28) float tensors (normalised) and int64 labels."""
+    prefix = "train" if train else "t10k"
+    images = _read_idx(_find_fmnist(f"{prefix}-images-idx3-ubyte", data_dir))
+    labels = _read_idx(_find_fmnist(f"{prefix}-labels-idx1-ubyte", data_dir))
+    x = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)
+    if normalize:
+        x = (x - FMNIST_MEAN) / FMNIST_STD
+    return ArrayDataset(x, torch.from_numpy(labels.astype(np.int64)), "fmnist")
+
+
+def load_digits(train: bool = True, test_fraction: float = 0.2, seed: int = 0) -> ArrayDataset:
+    """scikit-learn's bundled digits (8x8, 10 classes) split into train/test by ``seed``."""
+    try:
+        from sklearn.datasets import load_digits as sk_digits
+    except ImportError as e:  # pragma: no cover - bench extra missing
+        raise DatasetUnavailable(
+            "digits needs scikit-learn: pip install 'fedbalance[bench]'"
+        ) from e
+    bunch = sk_digits()
+    x = torch.from_numpy((bunch.images / 16.0).astype(np.float32)).unsqueeze(1)
+    y = torch.from_numpy(bunch.target.astype(np.int64))
+    perm = np.random.default_rng(seed).permutation(len(y))
+    n_test = int(round(len(y) * test_fraction))
+    keep = perm[n_test:] if train else perm[:n_test]
+    return ArrayDataset((x[keep] - 0.5) / 0.5, y[keep], "digits")
+
+
+def load_torchvision(
+    name: str,
+    train: bool = True,
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool = False,
+) -> torch.utils.data.Dataset:  # type: ignore[type-arg]
+    """CIFAR-10, SVHN or EMNIST (balanced split, 47 classes) through torchvision."""
+    try:
+        import torchvision
+        from torchvision import transforms as T
+    except ImportError as e:  # pragma: no cover
+        raise DatasetUnavailable(
+            f"{name} needs torchvision: pip install 'fedbalance[bench]'"
+        ) from e
+    root = data_roots(data_dir)[0]
+    tf = T.Compose([T.ToTensor(), T.Normalize((0.5,), (0.5,))])
+    try:
+        if name == "cifar10":
+            return torchvision.datasets.CIFAR10(
+                str(root), train=train, transform=tf, download=download
+            )
+        if name == "svhn":
+            return torchvision.datasets.SVHN(
+                str(root), split="train" if train else "test", transform=tf, download=download
+            )
+        if name == "emnist":
+            return torchvision.datasets.EMNIST(
+                str(root), split="balanced", train=train, transform=tf, download=download
+            )
+    except (RuntimeError, OSError) as e:
+        raise DatasetUnavailable(
+            f"{name} not found under {root} ({e}). Run once with download enabled on a machine "
+            f"with internet (`--download`), or copy torchvision's {name} files into --data-dir."
+        ) from e
+    raise ValueError(f"dataset must be one of {', '.join(DATASETS)} or npy:PATH, got {name!r}")
+
+
+def dataset_targets(ds: torch.utils.data.Dataset) -> NDArray[np.int64]:  # type: ignore[type-arg]
+    """Labels of a dataset without reading its images."""
+    for attr in ("targets", "labels"):
+        if hasattr(ds, attr):
+            return np.asarray(getattr(ds, attr), dtype=np.int64)
+    return np.asarray([int(ds[i][1]) for i in range(len(ds))], dtype=np.int64)  # type: ignore[arg-type]
+
+
+def load_labels(
+    name: str, data_dir: str | os.PathLike[str] | None = None, download: bool = False
+) -> NDArray[np.int64]:
+    """The training labels of dataset ``name`` (or of ``npy:PATH``)."""
+    if name.startswith("npy:"):
+        path = Path(name[4:])
+        try:
+            labels = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise DatasetUnavailable(f"cannot read labels from {path}: {e}") from e
+        return np.asarray(labels)
+    if name == "fmnist":
+        prefix = _find_fmnist("train-labels-idx1-ubyte", data_dir)
+        return _read_idx(prefix).astype(np.int64)
+    if name == "digits":
+        return load_digits(train=True).targets
+    return dataset_targets(load_torchvision(name, True, data_dir, download))
+
+
+def load_dataset(
+    name: str,
+    train: bool = True,
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool = False,
+) -> torch.utils.data.Dataset:  # type: ignore[type-arg]
+    """A training or test dataset by name (see the module docstring)."""
+    if name == "fmnist":
+        return load_fmnist(train, data_dir)
+    if name == "digits":
+        return load_digits(train)
+    return load_torchvision(name, train, data_dir, download)
+
+
+def fmnist_available(data_dir: str | os.PathLike[str] | None = None) -> bool:
+    try:
+        _find_fmnist("train-labels-idx1-ubyte", data_dir)
+    except DatasetUnavailable:
+        return False
+    return True

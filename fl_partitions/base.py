@@ -1,0 +1,158 @@
+"""The partitioner interface every skew scheme implements.
+
+A partitioner answers three questions about a labels array, each a vectorised numpy step:
+
+* ``select`` — which samples exist at all (only resampling schemes such as
+  ``global_imbalance`` drop samples; the default keeps every index);
+* ``assign`` — which client holds each kept sample (an int array, one client id per sample);
+* ``noise_std`` — the per-client standard deviation of the Gaussian input noise (zeros unless
+  the scheme skews features).
+
+``partition()`` runs the three steps and builds a :class:`~fl_partitions.partition.Partition`
+with per-client indices, local train/validation/test splits and statistics. ``mixed``
+composes the steps of several partitioners.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fl_partitions._alloc import group_order
+from fl_partitions._rng import SeedLike, as_generator, check_fractions, check_positive_int, seed_int
+from fl_partitions.partition import DEFAULT_SPLIT, Partition
+
+IntArray = NDArray[np.int64]
+
+
+def validate_labels(labels: NDArray[Any] | Sequence[int]) -> tuple[IntArray, int]:
+    """Return labels as a 1-d int64 array and the number of classes (max label + 1)."""
+    arr = np.asarray(labels)
+    if arr.ndim != 1:
+        raise ValueError(f"labels must be a 1-d array of class ids, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("labels must not be empty")
+    if not np.issubdtype(arr.dtype, np.integer):
+        if np.issubdtype(arr.dtype, np.floating) and np.all(np.mod(arr, 1) == 0):
+            arr = arr.astype(np.int64)
+        else:
+            raise ValueError(f"labels must be integer class ids, got dtype {arr.dtype}")
+    if arr.min() < 0:
+        raise ValueError(f"labels must be non-negative class ids, got minimum {arr.min()}")
+    return arr.astype(np.int64, copy=False), int(arr.max()) + 1
+
+
+class Partitioner(ABC):
+    """Base class of every partitioner plugin.
+
+    Subclasses set ``name`` and ``kind`` and take only keyword arguments, stored under the
+    same names (scikit-learn's ``get_params`` contract).
+    """
+
+    #: Public name, used in specs, configs and the registry.
+    name: ClassVar[str]
+    #: ``"split"`` decides who holds what, ``"noise"`` adds per-client input noise on an IID
+    #: split, ``"resample"`` changes which samples exist before a split. ``mixed`` takes at most
+    #: one component of each kind.
+    kind: ClassVar[str] = "split"
+
+    # -- parameters -----------------------------------------------------------------------
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        sig = inspect.signature(cls.__init__)
+        return [p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY]
+
+    def get_params(self) -> dict[str, Any]:
+        """Constructor arguments, as stored on the instance."""
+        return {k: getattr(self, k) for k in self._param_names()}
+
+    def spec(self) -> dict[str, Any]:
+        """A JSON-ready spec that rebuilds this partitioner: ``{"name": ..., **params}``."""
+        return {"name": self.name, **self.get_params()}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+    # -- the three steps ------------------------------------------------------------------
+    def select(self, labels: IntArray, num_classes: int, rng: np.random.Generator) -> IntArray:
+        """Indices (into ``labels``) of the samples to keep; all of them by default."""
+        return np.arange(len(labels), dtype=np.int64)
+
+    @abstractmethod
+    def assign(
+        self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
+    ) -> IntArray:
+        """Client id of every sample in ``labels`` (``labels`` are the kept samples only)."""
+
+    def noise_std(self, num_clients: int) -> NDArray[np.float64]:
+        """Per-client standard deviation of Gaussian input noise (zeros: no feature skew)."""
+        return np.zeros(num_clients)
+
+    # -- the whole partition --------------------------------------------------------------
+    def partition(
+        self,
+        labels: NDArray[Any] | Sequence[int],
+        num_clients: int,
+        *,
+        seed: SeedLike = 0,
+        split: Sequence[float] = DEFAULT_SPLIT,
+        num_classes: int | None = None,
+    ) -> Partition:
+        """Partition ``labels`` over ``num_clients`` clients.
+
+        Parameters
+        ----------
+        labels : array of int
+            Class id of every sample of the dataset.
+        num_clients : int
+            Number of clients, at most the number of samples.
+        seed : int or numpy.random.Generator
+            Every random choice derives from it: same seed, same partition.
+        split : three fractions
+            Each client's local train / validation / test split (default 70/10/20, the
+            FedLoss thesis's setting).
+        num_classes : int, optional
+            Number of classes when some classes are absent from ``labels``.
+
+        Returns
+        -------
+        Partition
+        """
+        labels_arr, found_classes = validate_labels(labels)
+        num_clients = check_positive_int("num_clients", num_clients)
+        if num_classes is None:
+            num_classes = found_classes
+        elif check_positive_int("num_classes", num_classes) < found_classes:
+            raise ValueError(
+                f"num_classes must cover every label (>= {found_classes}), got {num_classes}"
+            )
+        fractions = check_fractions("split", split)
+        rng = as_generator(seed)
+        base_seed = int(seed) if isinstance(seed, (int, np.integer)) else seed_int(rng)
+
+        kept = self.select(labels_arr, num_classes, rng)
+        if num_clients > len(kept):
+            raise ValueError(
+                f"num_clients must be at most the number of samples ({len(kept)}), got {num_clients}"
+            )
+        owner = self.assign(labels_arr[kept], num_clients, num_classes, rng)
+        # Group kept samples by client; the stable sort leaves each client's indices in
+        # ascending order, a canonical form (``assign`` already chose them at random).
+        order = group_order(owner, num_clients)
+        sizes = np.bincount(owner, minlength=num_clients)
+        client_indices = np.split(kept[order], np.cumsum(sizes)[:-1])
+        return Partition.build(
+            client_indices=client_indices,
+            labels=labels_arr,
+            num_classes=num_classes,
+            seed=base_seed,
+            spec=self.spec(),
+            noise_std=self.noise_std(num_clients),
+            split=fractions,
+        )

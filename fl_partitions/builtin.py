@@ -1,0 +1,67 @@
+"""The built-in partitioners by name, and building one from a spec dict.
+
+Framework-free: the plugin registry in ``fl_adapters`` exposes these same classes (and
+third-party ones) through the ``fedbalance`` entry-point group; this table only lets
+``mixed`` and ``global_imbalance`` resolve nested specs without importing the adapters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fl_partitions.base import Partitioner
+from fl_partitions.feature_noise import FeatureNoise
+from fl_partitions.global_imbalance import GlobalImbalance
+from fl_partitions.iid import IID
+from fl_partitions.label_dirichlet import LabelDirichlet
+from fl_partitions.label_quantity import LabelQuantity
+from fl_partitions.mixed import Mixed
+from fl_partitions.quantity_dirichlet import QuantityDirichlet
+
+BUILTIN_PARTITIONERS: tuple[type[Partitioner], ...] = (
+    IID,
+    LabelDirichlet,
+    LabelQuantity,
+    QuantityDirichlet,
+    FeatureNoise,
+    GlobalImbalance,
+    Mixed,
+)
+
+
+def make_partitioner(
+    spec: dict[str, Any] | str,
+    lookup: Callable[[str], type[Partitioner]] | None = None,
+) -> Partitioner:
+    """Build a partitioner from ``{"name": ..., **params}`` (or a bare name).
+
+    ``lookup`` maps a name to a class (the plugin registry passes its own); by default only
+    the built-ins are known. Unknown parameters are a ``TypeError`` naming them and the
+    accepted ones.
+    """
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"a partitioner spec must be a mapping with a 'name', got {spec!r}")
+    params = {k: v for k, v in spec.items() if k != "name"}
+    if lookup is None:
+        table = {cls.name: cls for cls in BUILTIN_PARTITIONERS}
+        name = spec["name"].lower()
+        if name not in table:
+            raise ValueError(
+                f"unknown partitioner {spec['name']!r}; available: {', '.join(sorted(table))}"
+            )
+        cls = table[name]
+    else:
+        cls = lookup(spec["name"])
+    if cls is Mixed and lookup is not None:
+        params.setdefault("resolve", lambda s: make_partitioner(s, lookup))
+    accepted = cls._param_names()
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise TypeError(
+            f"{cls.name}: unknown parameter(s) {', '.join(unknown)}; accepted: "
+            f"{', '.join(p for p in accepted if p != 'resolve') or '(none)'}"
+        )
+    return cls(**params)

@@ -1,0 +1,20 @@
+"""Shared fixtures: isolate the plugin registry and keep torch's import warning quiet."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+import pytest
+
+warnings.filterwarnings("ignore", message=".*pynvml.*", category=FutureWarning)
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry() -> Iterator[None]:
+    """Every test sees a registry built from the entry points as they are during the test."""
+    from fl_adapters.registry import reset_registry
+
+    reset_registry()
+    yield
+    reset_registry()
