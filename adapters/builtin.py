@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fl_adapters.hookspecs import hookimpl
-
 from fl_partitions.builtin import BUILTIN_PARTITIONERS
 
 

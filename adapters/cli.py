@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
 from fl_adapters.registry import PluginError, get_registry
 

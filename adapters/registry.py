@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pluggy
-from fl_adapters import hookspecs
 
+from fl_adapters import hookspecs
 from fl_partitions.base import Partitioner
 from fl_partitions.builtin import make_partitioner
 

@@ -1,5 +1,25 @@
 """Server-side aggregation for federated learning (torch; no FL framework imported)."""
 
-BUILTIN_AGGREGATORS: tuple[type, ...] = ()
+from fl_aggregators.base import AggregationResult, Aggregator, Rejection
+from fl_aggregators.fedavg import FedAvg
+from fl_aggregators.fedavgm import FedAvgM
+from fl_aggregators.fedloss import FedLoss
+from fl_aggregators.fedloss_n import FedLossN
+from fl_aggregators.fedmedian import FedMedian
+from fl_aggregators.update import ClientUpdate, Params
 
-__all__ = ["BUILTIN_AGGREGATORS"]
+BUILTIN_AGGREGATORS: tuple[type[Aggregator], ...] = (FedAvg, FedAvgM, FedMedian, FedLoss, FedLossN)
+
+__all__ = [
+    "BUILTIN_AGGREGATORS",
+    "AggregationResult",
+    "Aggregator",
+    "ClientUpdate",
+    "FedAvg",
+    "FedAvgM",
+    "FedLoss",
+    "FedLossN",
+    "FedMedian",
+    "Params",
+    "Rejection",
+]

@@ -158,7 +158,10 @@ class GlobalImbalance(Partitioner):
     def select(self, labels: IntArray, num_classes: int, rng: np.random.Generator) -> IntArray:
         positions = class_positions(labels, num_classes)
         want = self.target_counts(np.array([len(p) for p in positions], dtype=np.int64))
-        kept = [rng.choice(pos, size=int(w), replace=False) for pos, w in zip(positions, want, strict=True)]
+        kept = [
+            rng.choice(pos, size=int(w), replace=False)
+            for pos, w in zip(positions, want, strict=True)
+        ]
         return np.sort(np.concatenate(kept)).astype(np.int64)
 
     def assign(

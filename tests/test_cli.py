@@ -10,20 +10,51 @@ import pytest
 
 from fl_adapters.cli import main
 
-REQUIRED_KEYS = {"dataset", "num_samples", "num_classes", "seed", "spec", "elapsed_s", "clients", "stats"}
+REQUIRED_KEYS = {
+    "dataset",
+    "num_samples",
+    "num_classes",
+    "seed",
+    "spec",
+    "elapsed_s",
+    "clients",
+    "stats",
+}
 CLIENT_KEYS = {"indices", "num_samples", "class_counts", "noise_std", "split"}
 
 
 def run_partition(tmp_path: Path, name: str, *extra: str) -> tuple[int, dict]:
     out = tmp_path / name
-    code = main(["partition", "--dataset", "digits", "--clients", "8", "--seed", "3",
-                 "--out", str(out), *extra])
+    code = main(
+        [
+            "partition",
+            "--dataset",
+            "digits",
+            "--clients",
+            "8",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
     return code, json.loads(out.read_text()) if out.exists() else {}
 
 
 def test_partition_writes_the_documented_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    code, doc = run_partition(tmp_path, "p.json", "--scheme", "label_dirichlet", "--set", "beta=0.3",
-                              "--set", "min_size=5", "--plot", str(tmp_path / "p.png"))
+    code, doc = run_partition(
+        tmp_path,
+        "p.json",
+        "--scheme",
+        "label_dirichlet",
+        "--set",
+        "beta=0.3",
+        "--set",
+        "min_size=5",
+        "--plot",
+        str(tmp_path / "p.png"),
+    )
     assert code == 0
     assert REQUIRED_KEYS <= set(doc)
     assert doc["dataset"] == "digits" and doc["num_classes"] == 10 and doc["seed"] == 3
@@ -54,8 +85,19 @@ def test_spec_file_and_npy_labels(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text("name: label_quantity\nk: 2\n")
     out = tmp_path / "q.json"
-    code = main(["partition", "--dataset", f"npy:{tmp_path / 'labels.npy'}", "--spec", str(spec),
-                 "--clients", "4", "--out", str(out)])
+    code = main(
+        [
+            "partition",
+            "--dataset",
+            f"npy:{tmp_path / 'labels.npy'}",
+            "--spec",
+            str(spec),
+            "--clients",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     doc = json.loads(out.read_text())
     assert [sum(1 for n in c["class_counts"] if n) for c in doc["clients"]] == [2, 2, 2, 2]
@@ -64,17 +106,35 @@ def test_spec_file_and_npy_labels(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--scheme", "label_dirichlet", "--set", "beta=-1"], "beta must be a finite float > 0, got -1"),
+        (
+            ["--scheme", "label_dirichlet", "--set", "beta=-1"],
+            "beta must be a finite float > 0, got -1",
+        ),
         (["--scheme", "label_dirichlett"], "did you mean 'label_dirichlet'?"),
-        (["--scheme", "label_quantity", "--set", "k=11"], "k must be between 1 and num_classes=10, got 11"),
+        (
+            ["--scheme", "label_quantity", "--set", "k=11"],
+            "k must be between 1 and num_classes=10, got 11",
+        ),
         (["--scheme", "iid", "--set", "beta=0.5"], "iid: unknown parameter(s) beta"),
         (["--scheme", "iid", "--set", "nonsense"], "--set expects key=value, got 'nonsense'"),
-        (["--scheme", "iid", "--clients", "5000"], "num_clients must be at most the number of samples (1438), got 5000"),
+        (
+            ["--scheme", "iid", "--clients", "5000"],
+            "num_clients must be at most the number of samples (1438), got 5000",
+        ),
     ],
     ids=["negative-beta", "typo", "k-too-large", "unknown-param", "bad-set", "too-many-clients"],
 )
 def test_bad_input_exits_2_with_a_message(tmp_path: Path, capsys, args, message) -> None:  # type: ignore[no-untyped-def]
-    argv = ["partition", "--dataset", "digits", "--clients", "8", "--out", str(tmp_path / "x.json"), *args]
+    argv = [
+        "partition",
+        "--dataset",
+        "digits",
+        "--clients",
+        "8",
+        "--out",
+        str(tmp_path / "x.json"),
+        *args,
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err
@@ -83,8 +143,21 @@ def test_bad_input_exits_2_with_a_message(tmp_path: Path, capsys, args, message)
 
 
 def test_missing_dataset_says_how_to_get_it(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    code = main(["partition", "--dataset", "cifar10", "--data-dir", str(tmp_path), "--scheme", "iid",
-                 "--clients", "2", "--out", str(tmp_path / "x.json")])
+    code = main(
+        [
+            "partition",
+            "--dataset",
+            "cifar10",
+            "--data-dir",
+            str(tmp_path),
+            "--scheme",
+            "iid",
+            "--clients",
+            "2",
+            "--out",
+            str(tmp_path / "x.json"),
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "cifar10 not found under" in err and "--download" in err
@@ -92,7 +165,9 @@ def test_missing_dataset_says_how_to_get_it(tmp_path: Path, capsys) -> None:  # 
 
 def test_argparse_rejects_non_positive_clients(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit) as exc:
-        main(["partition", "--dataset", "digits", "--scheme", "iid", "--clients", "0", "--out", "x"])
+        main(
+            ["partition", "--dataset", "digits", "--scheme", "iid", "--clients", "0", "--out", "x"]
+        )
     assert exc.value.code == 2
     assert "must be an int >= 1, got 0" in capsys.readouterr().err
 

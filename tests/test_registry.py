@@ -24,8 +24,13 @@ from fl_adapters.registry import (
 from fl_partitions import IID, Partitioner
 
 BUILTIN_PARTITIONERS = {
-    "iid", "label_dirichlet", "label_quantity", "quantity_dirichlet", "feature_noise",
-    "global_imbalance", "mixed",
+    "iid",
+    "label_dirichlet",
+    "label_quantity",
+    "quantity_dirichlet",
+    "feature_noise",
+    "global_imbalance",
+    "mixed",
 }
 
 
@@ -80,7 +85,9 @@ def with_entry_points(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyp
     def install(*extra: FakeEntryPoint) -> None:
         real = list(reg_mod.md.entry_points(group=reg_mod.GROUP))
         monkeypatch.setattr(
-            reg_mod.md, "entry_points", lambda group=None: [*real, *extra] if group == reg_mod.GROUP else []
+            reg_mod.md,
+            "entry_points",
+            lambda group=None: [*real, *extra] if group == reg_mod.GROUP else [],
         )
 
     return install
@@ -94,8 +101,11 @@ def test_builtins_register_through_the_entry_point_group() -> None:
     assert [ep.value for ep in eps] == ["fl_adapters.builtin"]
 
 
-@pytest.mark.parametrize("name", ["label_dirichlet", "LABEL_DIRICHLET", " Label_Dirichlet "],
-                         ids=["lower", "upper", "mixed-case-padded"])
+@pytest.mark.parametrize(
+    "name",
+    ["label_dirichlet", "LABEL_DIRICHLET", " Label_Dirichlet "],
+    ids=["lower", "upper", "mixed-case-padded"],
+)
 def test_lookup_is_case_insensitive(name: str) -> None:
     from fl_partitions import LabelDirichlet
 
@@ -120,8 +130,14 @@ def test_unknown_name_without_close_match_has_no_suggestion() -> None:
 
 
 def test_third_party_plugin_is_found_and_usable(with_entry_points) -> None:  # type: ignore[no-untyped-def]
-    with_entry_points(FakeEntryPoint("everyother", "fb_everyother", FakeDist("fb-everyother"),
-                                     target=plugin_module("fb_everyother", [EveryOther])))
+    with_entry_points(
+        FakeEntryPoint(
+            "everyother",
+            "fb_everyother",
+            FakeDist("fb-everyother"),
+            target=plugin_module("fb_everyother", [EveryOther]),
+        )
+    )
     registry = Registry()
     info = {i.name: i for i in registry.infos("partitioners")}["every_other"]
     assert info.source == "fb-everyother"
@@ -131,18 +147,33 @@ def test_third_party_plugin_is_found_and_usable(with_entry_points) -> None:  # t
 
 
 def test_third_party_component_inside_mixed(with_entry_points) -> None:  # type: ignore[no-untyped-def]
-    with_entry_points(FakeEntryPoint("everyother", "fb_everyother", FakeDist("fb-everyother"),
-                                     target=plugin_module("fb_everyother", [EveryOther])))
-    part = Registry().make_partitioner(
-        {"name": "mixed", "components": [{"name": "every_other"}, {"name": "feature_noise", "sigma": 1.0}]}
-    ).partition(np.zeros(6, int), 2, seed=0)
+    with_entry_points(
+        FakeEntryPoint(
+            "everyother",
+            "fb_everyother",
+            FakeDist("fb-everyother"),
+            target=plugin_module("fb_everyother", [EveryOther]),
+        )
+    )
+    part = (
+        Registry()
+        .make_partitioner(
+            {
+                "name": "mixed",
+                "components": [{"name": "every_other"}, {"name": "feature_noise", "sigma": 1.0}],
+            }
+        )
+        .partition(np.zeros(6, int), 2, seed=0)
+    )
     assert [ix.tolist() for ix in part.client_indices] == [[0, 2, 4], [1, 3, 5]]
     assert part.noise_std.tolist() == [0.0, 1.0]
 
 
 def test_plugin_that_fails_to_import_is_named_with_its_cause(with_entry_points) -> None:  # type: ignore[no-untyped-def]
     cause = ModuleNotFoundError("No module named 'missing_dep'")
-    with_entry_points(FakeEntryPoint("broken", "fb_broken.plugin", FakeDist("fb-broken"), error=cause))
+    with_entry_points(
+        FakeEntryPoint("broken", "fb_broken.plugin", FakeDist("fb-broken"), error=cause)
+    )
     with pytest.raises(PluginLoadError) as err:
         Registry()
     msg = str(err.value)
@@ -160,7 +191,10 @@ def test_hook_that_raises_is_named(with_entry_points) -> None:  # type: ignore[n
 
     mod.fedbalance_partitioners = fedbalance_partitioners  # type: ignore[attr-defined]
     with_entry_points(FakeEntryPoint("raises", "fb_raises", FakeDist("fb-raises"), target=mod))
-    with pytest.raises(PluginLoadError, match=r"'raises' from fb-raises: fedbalance_partitioners\(\) raised RuntimeError: boom"):
+    with pytest.raises(
+        PluginLoadError,
+        match=r"'raises' from fb-raises: fedbalance_partitioners\(\) raised RuntimeError: boom",
+    ):
         Registry()
 
 
@@ -170,8 +204,11 @@ def test_duplicate_names_are_rejected_loudly(with_entry_points) -> None:  # type
 
         name = "IID"
 
-    with_entry_points(FakeEntryPoint("dup", "fb_dup", FakeDist("fb-dup"),
-                                     target=plugin_module("fb_dup", [FakeIID])))
+    with_entry_points(
+        FakeEntryPoint(
+            "dup", "fb_dup", FakeDist("fb-dup"), target=plugin_module("fb_dup", [FakeIID])
+        )
+    )
     with pytest.raises(DuplicatePluginError) as err:
         Registry()
     msg = str(err.value)
@@ -180,9 +217,15 @@ def test_duplicate_names_are_rejected_loudly(with_entry_points) -> None:  # type
 
 def test_disable_autoload_loads_builtins_only(with_entry_points, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     cause = ImportError("would break")
-    with_entry_points(FakeEntryPoint("broken", "fb_broken", FakeDist("fb-broken"), error=cause),
-                      FakeEntryPoint("everyother", "fb_everyother", FakeDist("fb-everyother"),
-                                     target=plugin_module("fb_everyother", [EveryOther])))
+    with_entry_points(
+        FakeEntryPoint("broken", "fb_broken", FakeDist("fb-broken"), error=cause),
+        FakeEntryPoint(
+            "everyother",
+            "fb_everyother",
+            FakeDist("fb-everyother"),
+            target=plugin_module("fb_everyother", [EveryOther]),
+        ),
+    )
     monkeypatch.setenv("FEDBALANCE_DISABLE_PLUGIN_AUTOLOAD", "1")
     names = set(Registry().names("partitioners"))
     assert names == BUILTIN_PARTITIONERS
@@ -191,19 +234,34 @@ def test_disable_autoload_loads_builtins_only(with_entry_points, monkeypatch) ->
 def test_list_json_shape(with_entry_points, capsys) -> None:  # type: ignore[no-untyped-def]
     from fl_adapters.cli import main
 
-    with_entry_points(FakeEntryPoint("everyother", "fb_everyother", FakeDist("fb-everyother"),
-                                     target=plugin_module("fb_everyother", [EveryOther])))
+    with_entry_points(
+        FakeEntryPoint(
+            "everyother",
+            "fb_everyother",
+            FakeDist("fb-everyother"),
+            target=plugin_module("fb_everyother", [EveryOther]),
+        )
+    )
     assert main(["list", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"aggregators", "partitioners"}
     for entry in doc["partitioners"]:
         assert set(entry) == {"name", "description", "source"} and entry["description"]
-    assert {"name": "every_other", "description": EveryOther.__doc__, "source": "fb-everyother"} in doc["partitioners"]
+    assert {
+        "name": "every_other",
+        "description": EveryOther.__doc__,
+        "source": "fb-everyother",
+    } in doc["partitioners"]
 
 
 def test_list_from_the_installed_console_script() -> None:
-    exe = subprocess.run([sys.executable, "-m", "fl_adapters.cli", "list"], capture_output=True,
-                         text=True, timeout=120, check=True)
+    exe = subprocess.run(
+        [sys.executable, "-m", "fl_adapters.cli", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     for name in BUILTIN_PARTITIONERS:
         assert name in exe.stdout
     assert "[fedbalance]" in exe.stdout

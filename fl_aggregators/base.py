@@ -1,0 +1,209 @@
+"""The aggregator interface and the checks every aggregator gets for free.
+
+An aggregator turns the global parameters and a list of :class:`ClientUpdate` into new global
+parameters. :meth:`Aggregator.aggregate` does what is common to all of them:
+
+1. rejects clients that cannot be trusted this round — wrong form, shapes or dtypes, a sample
+   count that is not a positive int, a required metric that is missing, non-finite or
+   negative — with a warning naming the client and the reason;
+2. calls the subclass's :meth:`Aggregator._combine` on the rest;
+3. if the result is not finite, finds the clients with NaN/Inf parameters, rejects them and
+   combines again (non-finite inputs are found from the output, so honest rounds pay no extra
+   pass over the parameters);
+4. if no client is left, keeps the global model unchanged and reports the round as skipped;
+5. records the aggregation (see :mod:`fl_aggregators.record`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from fl_aggregators._tensors import rebuild, structure_mismatch, tensors_of
+from fl_aggregators.record import record
+from fl_aggregators.update import ClientUpdate, Params
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A client left out of a round, and why."""
+
+    client: Any
+    reason: str
+
+
+@dataclass
+class AggregationResult:
+    """New global parameters and how they were made.
+
+    ``weights`` has one entry per update, in input order (0 for rejected clients), and sums to
+    1 unless the round was ``skipped``.
+    """
+
+    params: Params
+    weights: list[float]
+    rejected: list[Rejection] = field(default_factory=list)
+    skipped: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Aggregator(ABC):
+    """Base class of every aggregator plugin (keyword-only parameters, stored as given)."""
+
+    #: Public name, used in configs and the registry.
+    name: ClassVar[str]
+    #: Client metrics this aggregator needs; host adapters make clients compute them.
+    required_metrics: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        self.round = 0
+
+    # -- subclass API -------------------------------------------------------------------------
+    @abstractmethod
+    def _combine(
+        self,
+        global_tensors: list[torch.Tensor],
+        updates: Sequence[ClientUpdate],
+        client_tensors: list[list[torch.Tensor]],
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """New global tensors from accepted clients, and the weights applied (summing to 1)."""
+
+    def _commit(self) -> None:  # noqa: B027 - optional hook, a no-op unless state is kept
+        """Called once a round's result is final (stateful aggregators update state here)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server-side state to checkpoint (tensors and plain values only)."""
+        return {"round": self.round}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "round" not in state or not isinstance(state["round"], int) or state["round"] < 0:
+            raise ValueError(
+                f"state must hold a non-negative int 'round', got {state.get('round')!r}"
+            )
+        self.round = int(state["round"])
+
+    # -- the common path --------------------------------------------------------------------
+    def check(self, global_params: Params, update: ClientUpdate) -> str | None:
+        """Why ``update`` must be left out this round (``None`` to accept it)."""
+        n = update.num_samples
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            return f"num_samples must be a positive int, got {n!r}"
+        for key in self.required_metrics:
+            if key not in update.metrics:
+                return f"required metric {key!r} is missing"
+            value = update.metrics[key]
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                return f"metric {key!r} is not a number: {value!r}"
+            if not math.isfinite(value) or value < 0:
+                return f"metric {key!r} must be finite and >= 0, got {value!r}"
+        return structure_mismatch(global_params, update.params)
+
+    def aggregate(
+        self,
+        global_params: Params,
+        updates: Sequence[ClientUpdate],
+        *,
+        round: int | None = None,
+        host: str = "python",
+    ) -> AggregationResult:
+        """Aggregate one round (see the module docstring for the steps)."""
+        self.round = self.round + 1 if round is None else int(round)
+        ids = [u.client_id if u.client_id is not None else i for i, u in enumerate(updates)]
+        rejected: dict[int, str] = {}
+        for i, u in enumerate(updates):
+            reason = self.check(global_params, u)
+            if reason is not None:
+                rejected[i] = reason
+        global_tensors = tensors_of(global_params)
+        result_tensors, weights, skipped = (
+            None,
+            torch.zeros(len(updates), dtype=torch.float64),
+            False,
+        )
+        for _attempt in range(2):
+            accepted = [i for i in range(len(updates)) if i not in rejected]
+            if not accepted:
+                skipped = True
+                break
+            acc_updates = [updates[i] for i in accepted]
+            result_tensors, w = self._combine(
+                global_tensors, acc_updates, [tensors_of(u.params) for u in acc_updates]
+            )
+            if all(bool(torch.isfinite(t).all()) for t in result_tensors if t.is_floating_point()):
+                weights[accepted] = w.to(torch.float64)
+                break
+            bad = [i for i in accepted if not _finite(updates[i].params)]
+            if not bad:  # finite inputs overflowed: nothing to blame, keep the model
+                rejected.update({i: "aggregate overflowed to non-finite values" for i in accepted})
+                skipped = True
+                break
+            rejected.update({i: "parameters contain NaN or Inf" for i in bad})
+        else:
+            skipped = True  # still non-finite after rejecting the culprits
+        for i, reason in sorted(rejected.items()):
+            log.warning(
+                "%s round %s: rejected client %s: %s", self.name, self.round, ids[i], reason
+            )
+        if skipped:
+            log.warning("%s round %s: no client accepted; global model kept", self.name, self.round)
+            new_params = global_params
+            weights.zero_()
+        else:
+            self._commit()
+            assert result_tensors is not None
+            new_params = rebuild(global_params, result_tensors)
+        result = AggregationResult(
+            params=new_params,
+            weights=weights.tolist(),
+            rejected=[Rejection(ids[i], r) for i, r in sorted(rejected.items())],
+            skipped=skipped,
+        )
+        self._record(host, ids, updates, result)
+        return result
+
+    def _record(
+        self, host: str, ids: list[Any], updates: Sequence[ClientUpdate], result: AggregationResult
+    ) -> None:
+        record(
+            {
+                "host": host,
+                "round": self.round,
+                "aggregator": self.name,
+                "clients": ids,
+                "num_samples": [u.num_samples for u in updates],
+                "metrics": [dict(u.metrics) for u in updates],
+                "weights": result.weights,
+                "rejected": [{"client": r.client, "reason": r.reason} for r in result.rejected],
+                "skipped": result.skipped,
+                **result.extra,
+            }
+        )
+
+    def get_params(self) -> dict[str, Any]:
+        """Constructor arguments, as stored on the instance."""
+        import inspect
+
+        sig = inspect.signature(type(self).__init__)
+        return {
+            p.name: getattr(self, p.name)
+            for p in sig.parameters.values()
+            if p.kind is p.KEYWORD_ONLY
+        }
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+
+def _finite(params: Params) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors_of(params) if t.is_floating_point())

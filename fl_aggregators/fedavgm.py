@@ -1,0 +1,81 @@
+"""FedAvgM: FedAvg with server momentum on the pseudo-gradient.
+
+Hsu, Qi, Brown, "Measuring the Effects of Non-Identical Data Distribution for Federated
+Visual Classification", 2019, https://arxiv.org/abs/1909.06335:
+``delta = w - FedAvg(clients)``, ``v <- beta * v + delta``, ``w <- w - server_lr * v``.
+With ``beta = 0`` and ``server_lr = 1`` it is FedAvg. Integer buffers (e.g. BatchNorm's
+``num_batches_tracked``) take the FedAvg value: momentum on a counter means nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from fl_aggregators.fedavg import FedAvg
+from fl_aggregators.functional import momentum_step, weighted_mean
+from fl_aggregators.update import ClientUpdate
+
+
+def _check_float(name: str, value: Any, low: float, high: float | None) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    v = float(value) if ok else float("nan")
+    if not ok or not (low <= v and (high is None or v < high)):
+        rng = f"[{low}, {high})" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be a float in {rng}, got {value!r}")
+    return v
+
+
+class FedAvgM(FedAvg):
+    """FedAvgM: FedAvg plus server momentum (Hsu et al. 2019); beta, server_lr."""
+
+    name = "fedavgm"
+
+    def __init__(self, *, beta: float = 0.9, server_lr: float = 1.0) -> None:
+        super().__init__()
+        self.beta = _check_float("beta", beta, 0.0, 1.0)
+        self.server_lr = _check_float("server_lr", server_lr, 0.0, None)
+        if self.server_lr == 0:
+            raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
+        self.velocity: list[torch.Tensor] | None = None
+        self._pending: list[torch.Tensor] | None = None
+
+    def _combine(
+        self,
+        global_tensors: list[torch.Tensor],
+        updates: Sequence[ClientUpdate],
+        client_tensors: list[list[torch.Tensor]],
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        w = self.client_weights(updates)
+        out, velocity = [], []
+        for j, g in enumerate(global_tensors):
+            avg = weighted_mean([c[j] for c in client_tensors], w)
+            if not g.is_floating_point():
+                out.append(avg)
+                velocity.append(torch.zeros(0))
+                continue
+            prev = None if self.velocity is None else self.velocity[j].clone()
+            new, v = momentum_step(g, avg, prev, beta=self.beta, server_lr=self.server_lr)
+            out.append(new.to(g.dtype))
+            velocity.append(v)
+        self._pending = velocity
+        return out, w
+
+    def _commit(self) -> None:
+        self.velocity, self._pending = self._pending, None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["velocity"] = None if self.velocity is None else [v.clone() for v in self.velocity]
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        v = state.get("velocity")
+        if v is not None and (
+            not isinstance(v, list) or not all(isinstance(t, torch.Tensor) for t in v)
+        ):
+            raise ValueError("state 'velocity' must be None or a list of tensors")
+        self.velocity = None if v is None else [t.clone() for t in v]

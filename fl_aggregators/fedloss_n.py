@@ -1,0 +1,46 @@
+"""FedLoss-n: FedLoss that also respects how much data each client has.
+
+The FedLoss thesis (Tagarakis 2023) measured FedLoss about 7 points below FedAvg on CIFAR-10
+under quantity skew and proposed combining the two as future work. Under quantity skew a
+client with 20 samples and a high validation loss gets as much say as one with 5,000; the
+loss of a tiny client is also the noisiest. Weighting by ``n_i * l_i`` keeps FedLoss's
+preference for badly fit clients *per sample*: a sample on a poorly fit client counts more
+than one on a well fit client, and every sample counts. ``mix`` blends in plain FedAvg:
+``w = mix * n_i / sum n + (1 - mix) * (n_i l_i) / sum(n l)``; ``size_aware=False`` uses the
+thesis's ``l_i / sum l`` in the second term instead. The same ``loss_clip`` bound applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fl_aggregators.fedavg import FedAvg
+from fl_aggregators.fedloss import FedLoss
+from fl_aggregators.functional import normalize
+from fl_aggregators.update import ClientUpdate
+
+
+class FedLossN(FedLoss):
+    """FedLoss-n: weights ~ n_i * l_i, optionally mixed with FedAvg (mix)."""
+
+    name = "fedloss_n"
+
+    def __init__(
+        self, *, mix: float = 0.0, size_aware: bool = True, loss_clip: float | None = 5.0
+    ) -> None:
+        super().__init__(loss_clip=loss_clip)
+        if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
+            raise ValueError(f"mix must be a float in [0, 1], got {mix!r}")
+        if not isinstance(size_aware, bool):
+            raise ValueError(f"size_aware must be true or false, got {size_aware!r}")
+        self.mix = float(mix)
+        self.size_aware = size_aware
+
+    def client_weights(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:
+        sizes = torch.tensor([u.num_samples for u in updates], dtype=torch.float64)
+        fedavg = FedAvg.client_weights(self, updates)
+        scores = self.bounded_losses(updates) * (sizes if self.size_aware else 1.0)
+        loss_w = normalize(scores) if scores.sum() > 0 else fedavg
+        return normalize(self.mix * fedavg + (1.0 - self.mix) * loss_w)

@@ -1,0 +1,48 @@
+"""The aggregation audit log: one JSON line per aggregation when ``FEDBALANCE_RECORD`` is set.
+
+Every host adapter records through :func:`record`, so a user audits what ran the same way in
+FedLab, FedML or plain Python::
+
+    FEDBALANCE_RECORD=/tmp/agg.jsonl fedbalance run config.yaml
+
+Each line: ``{"host", "round", "aggregator", "clients", "num_samples", "metrics", "weights",
+"rejected"}`` plus aggregator-specific keys (e.g. Astraea's ``mediators``). Weights are the
+ones applied, after any bounding, and sum to 1 over accepted clients.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any
+
+log = logging.getLogger(__name__)
+ENV = "FEDBALANCE_RECORD"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return _jsonable(value.item())
+    if isinstance(value, (int, str, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def record(entry: dict[str, Any], path: str | None = None) -> None:
+    """Append ``entry`` as one JSON line to ``path`` or ``$FEDBALANCE_RECORD`` (if set)."""
+    path = path or os.environ.get(ENV)
+    if not path:
+        return
+    line = json.dumps(_jsonable(entry), allow_nan=False)
+    # One write call per line, opened in append mode: lines from several processes
+    # (FedLab cross-process, MPI ranks) do not interleave within a line.
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
