@@ -118,6 +118,54 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from fl_adapters.config import RunConfig
+
+    config = RunConfig.load(args.config)
+    out = Path(args.out)
+    if config.framework == "fedlab":
+        from fl_adapters.fedlab.runner import run_standalone
+
+        summary = run_standalone(config, out, progress=not args.no_progress)
+    elif config.framework == "fedlab-distributed":
+        from fl_adapters.fedlab.runner import run_distributed
+
+        summary = run_distributed(
+            config, out, client_processes=args.processes, config_path=Path(args.config)
+        )
+    else:
+        raise UsageError(f"framework {config.framework!r} is not available yet in `fedbalance run`")
+    print(
+        json.dumps(
+            {k: summary[k] for k in ("rounds", "final_accuracy", "best_accuracy", "best_round")}
+        )
+    )
+    print(f"wrote {out}/metrics.jsonl and {out}/summary.json")
+    return 0
+
+
+def cmd_fedlab_server(args: argparse.Namespace) -> int:
+    from fl_adapters.config import RunConfig
+    from fl_adapters.fedlab.runner import run_server
+
+    run_server(
+        RunConfig.load(args.config),
+        Path(args.out),
+        args.world_size,
+        args.host,
+        progress=not args.no_progress,
+    )
+    return 0
+
+
+def cmd_fedlab_client(args: argparse.Namespace) -> int:
+    from fl_adapters.config import RunConfig
+    from fl_adapters.fedlab.runner import run_client
+
+    run_client(RunConfig.load(args.config), args.rank, args.world_size, args.host)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
@@ -196,6 +244,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--data-dir")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("run", help="run a federated experiment from a YAML config")
+    p.add_argument("config", help="YAML run config (see fl_adapters.config.RunConfig)")
+    p.add_argument("--out", default="runs/run", help="directory for metrics.jsonl and summary.json")
+    p.add_argument(
+        "--processes",
+        type=positive_int,
+        default=2,
+        help="client processes for framework fedlab-distributed",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("fedlab-server", help="the server role of a FedLab cross-process run")
+    p.add_argument("config")
+    p.add_argument("--out", default="runs/run")
+    p.add_argument(
+        "--world-size", type=positive_int, required=True, help="1 server + client processes"
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_fedlab_server)
+
+    p = sub.add_parser("fedlab-client", help="one client process of a FedLab cross-process run")
+    p.add_argument("config")
+    p.add_argument("--rank", type=positive_int, required=True)
+    p.add_argument("--world-size", type=positive_int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.set_defaults(func=cmd_fedlab_client)
 
     p = sub.add_parser("bench", help="run a bundled benchmark (extra arguments go to it)")
     p.add_argument("suite", choices=sorted(BENCHES))

@@ -105,7 +105,7 @@ def load_fmnist(
 
 
 def load_digits(train: bool = True, test_fraction: float = 0.2, seed: int = 0) -> ArrayDataset:
-    """scikit-learn's bundled digits (8x8, 10 classes) split into train/test by ``seed``."""
+    """scikit-learn's bundled digits (10 classes, upsampled 8x8 -> 28x28), split by ``seed``."""
     try:
         from sklearn.datasets import load_digits as sk_digits
     except ImportError as e:  # pragma: no cover - bench extra missing
@@ -114,6 +114,8 @@ def load_digits(train: bool = True, test_fraction: float = 0.2, seed: int = 0) -
         ) from e
     bunch = sk_digits()
     x = torch.from_numpy((bunch.images / 16.0).astype(np.float32)).unsqueeze(1)
+    # Upsampled to 28x28 so the same models run on digits as on (Fashion-)MNIST.
+    x = torch.nn.functional.interpolate(x, size=(28, 28), mode="bilinear", align_corners=False)
     y = torch.from_numpy(bunch.target.astype(np.int64))
     perm = np.random.default_rng(seed).permutation(len(y))
     n_test = int(round(len(y) * test_fraction))

@@ -50,6 +50,7 @@ class AggregationResult:
 
     params: Params
     weights: list[float]
+    clients: list[Any] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     skipped: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -165,6 +166,7 @@ class Aggregator(ABC):
         result = AggregationResult(
             params=new_params,
             weights=weights.tolist(),
+            clients=ids,
             rejected=[Rejection(ids[i], r) for i, r in sorted(rejected.items())],
             skipped=skipped,
         )

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
 from fl_partitions._rng import derived_generator
@@ -46,7 +47,7 @@ class NoisyDataset(Dataset[Any]):
     def __init__(
         self,
         dataset: Dataset[Any],
-        indices: Sequence[int],
+        indices: Sequence[int] | NDArray[np.integer[Any]],
         *,
         std: float = 0.0,
         seed: int = 0,

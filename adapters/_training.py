@@ -1,0 +1,82 @@
+"""Client-side helpers shared by the host adapters: local training steps and evaluation.
+
+The hosts (FedLab, FedML) own the federated loop; these are the per-client pieces their
+trainer classes call: a few local epochs, and the loss/accuracy of a model on a dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+OPTIMIZERS = ("adam", "sgd")
+
+
+def stream_seed(*parts: Any) -> int:
+    """A 63-bit seed from any tuple of values, stable across processes and hosts."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def make_optimizer(
+    name: str, params: Iterable[nn.Parameter], lr: float, momentum: float = 0.0
+) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def local_train(
+    model: nn.Module,
+    dataset: Dataset[Any],
+    *,
+    epochs: int,
+    batch_size: int,
+    optimizer: str,
+    lr: float,
+    seed: int,
+) -> int:
+    """Train ``model`` in place for ``epochs`` on ``dataset``; returns the sample count.
+
+    A fresh optimizer per call (Adam state must not leak between clients) and a data order
+    fixed by ``seed``, so the same client in the same round trains identically in any process.
+    """
+    n = len(dataset)  # type: ignore[arg-type]
+    if n == 0:
+        return 0
+    gen = torch.Generator().manual_seed(seed)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
+    opt = make_optimizer(optimizer, model.parameters(), lr)
+    criterion = nn.CrossEntropyLoss()
+    model.train()
+    for _ in range(epochs):
+        for x, y in loader:
+            opt.zero_grad(set_to_none=True)
+            criterion(model(x), y).backward()
+            opt.step()
+    return n
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, dataset: Dataset[Any], batch_size: int = 1024
+) -> tuple[float, float, int]:
+    """Mean cross-entropy loss, accuracy and sample count of ``model`` on ``dataset``."""
+    n = len(dataset)  # type: ignore[arg-type]
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    for x, y in DataLoader(dataset, batch_size=batch_size):
+        out = model(x)
+        loss_sum += float(criterion(out, y))
+        correct += int((out.argmax(dim=1) == y).sum())
+    return loss_sum / n, correct / n, n

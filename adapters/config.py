@@ -1,0 +1,144 @@
+"""Run configuration for ``fedbalance run`` and the benchmarks, validated at the boundary.
+
+Every field is checked when the config is read; an error names the field, the allowed values
+and what was given, before any data is loaded or process started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FRAMEWORKS = ("fedlab", "fedlab-distributed", "fedml-sp", "fedml-mpi", "fedml-cross-silo")
+DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
+MODELS = ("thesis_cnn", "astraea_cnn")
+OPTIMIZERS = ("adam", "sgd")
+
+
+class ConfigError(ValueError):
+    """A configuration value outside what is allowed (the message names the field)."""
+
+
+def _int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def _float(name: str, value: Any, low: float, *, strict: bool = True) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if (
+        not ok
+        or value != value
+        or (value <= low if strict else value < low)
+        or value == float("inf")
+    ):
+        raise ConfigError(
+            f"{name} must be a finite float {'>' if strict else '>='} {low}, got {value!r}"
+        )
+    return float(value)
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+    return str(value)
+
+
+@dataclass
+class RunConfig:
+    """One federated run: data, partition, model, aggregator and training schedule."""
+
+    framework: str = "fedlab"
+    dataset: str = "fmnist"
+    data_dir: str | None = None
+    model: str = "thesis_cnn"
+    partition: dict[str, Any] = field(default_factory=lambda: {"name": "iid"})
+    aggregator: str = "fedavg"
+    aggregator_args: dict[str, Any] = field(default_factory=dict)
+    num_clients: int = 30
+    clients_per_round: int = 5
+    rounds: int = 50
+    local_epochs: int = 10
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    batch_size: int = 64
+    seed: int = 0
+    split: list[float] = field(default_factory=lambda: [0.7, 0.1, 0.2])
+    max_samples: int | None = None
+    eval_every: int = 1
+    port: int = 29500
+
+    def __post_init__(self) -> None:
+        _choice("framework", self.framework, FRAMEWORKS)
+        if not (
+            self.dataset in DATASETS
+            or (isinstance(self.dataset, str) and self.dataset.startswith("npy:"))
+        ):
+            raise ConfigError(f"dataset must be one of {', '.join(DATASETS)}; got {self.dataset!r}")
+        _choice("model", self.model, MODELS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if isinstance(self.partition, str):
+            self.partition = {"name": self.partition}
+        if not isinstance(self.partition, dict) or not isinstance(self.partition.get("name"), str):
+            raise ConfigError(f"partition must be a mapping with a 'name', got {self.partition!r}")
+        if not isinstance(self.aggregator, str) or not self.aggregator:
+            raise ConfigError(
+                f"aggregator must be a plugin name (see `fedbalance list`), got {self.aggregator!r}"
+            )
+        if not isinstance(self.aggregator_args, dict):
+            raise ConfigError(f"aggregator_args must be a mapping, got {self.aggregator_args!r}")
+        _int("num_clients", self.num_clients, 1)
+        _int("clients_per_round", self.clients_per_round, 1)
+        if self.clients_per_round > self.num_clients:
+            raise ConfigError(
+                f"clients_per_round must be between 1 and num_clients={self.num_clients}, got {self.clients_per_round}"
+            )
+        _int("rounds", self.rounds, 1)
+        _int("local_epochs", self.local_epochs, 1)
+        _float("lr", self.lr, 0.0)
+        _int("batch_size", self.batch_size, 1)
+        _int("seed", self.seed, 0)
+        _int("eval_every", self.eval_every, 1)
+        _int("port", self.port, 1024)
+        if self.max_samples is not None:
+            _int("max_samples", self.max_samples, 1)
+        if (
+            not isinstance(self.split, (list, tuple))
+            or len(self.split) != 3
+            or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in self.split
+            )
+            or abs(sum(self.split) - 1) > 1e-6
+            or self.split[0] <= 0
+        ):
+            raise ConfigError(
+                f"split must be three fractions [train, val, test] summing to 1 with train > 0, got {self.split!r}"
+            )
+        self.split = [float(v) for v in self.split]
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> RunConfig:
+        if not isinstance(doc, dict):
+            raise ConfigError(f"a run config must be a mapping, got {type(doc).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(doc) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown config key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(known))}"
+            )
+        return cls(**doc)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        try:
+            doc = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path}: cannot read a YAML mapping ({e})") from e
+        return cls.from_dict(doc)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,119 @@
+"""A FedLab server handler that aggregates with any fedbalance aggregator.
+
+:class:`FedBalanceServerHandler` is FedLab's ``SyncServerHandler`` with ``global_update``
+replaced: it decodes each uplink (parameters, sample count, metrics), hands the list to the
+fedbalance aggregator (which rejects bad clients, bounds losses, keeps state and records the
+round), and loads the result into the global model. A skipped round keeps the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from fedlab.contrib.algorithm.basic_server import SyncServerHandler
+from fedlab.utils import SerializationTool
+
+from fl_adapters.fedlab.payload import unpack
+from fl_aggregators import AggregationResult, Aggregator, ClientUpdate
+
+log = logging.getLogger(__name__)
+
+
+def make_aggregator(aggregator: str | Aggregator, args: dict[str, Any] | None = None) -> Aggregator:
+    if isinstance(aggregator, Aggregator):
+        return aggregator
+    from fl_adapters.registry import get_registry
+
+    agg: Aggregator = get_registry().make_aggregator(aggregator, **(args or {}))
+    return agg
+
+
+def buffer_to_updates(buffer: list[list[torch.Tensor]]) -> list[ClientUpdate]:
+    """FedLab's client buffer as fedbalance updates (a stock uplink has no count: n = 1)."""
+    updates = []
+    for i, payload in enumerate(buffer):
+        up = unpack(payload)
+        updates.append(
+            ClientUpdate(
+                params=up.params,
+                num_samples=up.num_samples if up.num_samples is not None else 1,
+                metrics=up.metrics,
+                client_id=up.client_id if up.client_id is not None else f"#{i}",
+            )
+        )
+    return updates
+
+
+def aggregate_into(
+    model: torch.nn.Module,
+    aggregator: Aggregator,
+    buffer: list[list[torch.Tensor]],
+    round: int,
+    host: str,
+) -> AggregationResult:
+    """Aggregate FedLab ``buffer`` with ``aggregator`` and load the result into ``model``."""
+    result = aggregator.aggregate(
+        SerializationTool.serialize_model(model), buffer_to_updates(buffer), round=round, host=host
+    )
+    if not result.skipped:
+        SerializationTool.deserialize_model(model, result.params)
+    return result
+
+
+class FedBalanceServerHandler(SyncServerHandler):
+    """``SyncServerHandler`` aggregating with a fedbalance plugin.
+
+    Parameters
+    ----------
+    model, global_round, sample_ratio : as FedLab's ``SyncServerHandler``.
+    aggregator : a registered name (``"fedloss"``) or an :class:`~fl_aggregators.Aggregator`.
+    aggregator_args : keyword arguments for a named aggregator.
+    seed : seeds client sampling with its own RNG (FedLab's uses the global ``random``).
+    clients_per_round : exact number sampled per round (FedLab derives it as
+        ``int(sample_ratio * num_clients)``, which float rounding can make one short).
+    on_round : called as ``on_round(handler, result)`` after every aggregation.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        global_round: int,
+        sample_ratio: float,
+        *,
+        aggregator: str | Aggregator = "fedavg",
+        aggregator_args: dict[str, Any] | None = None,
+        seed: int | None = None,
+        clients_per_round: int | None = None,
+        host: str = "fedlab",
+        on_round: Callable[[FedBalanceServerHandler, AggregationResult], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, global_round, sample_ratio, **kwargs)
+        self.aggregator = make_aggregator(aggregator, aggregator_args)
+        self.host = host
+        self.on_round = on_round
+        self.rng = random.Random(seed) if seed is not None else None
+        self.last_result: AggregationResult | None = None
+        self.clients_per_round = clients_per_round
+
+    @property
+    def num_clients_per_round(self) -> int:
+        if self.clients_per_round is not None:
+            return min(self.clients_per_round, self.num_clients)
+        return max(1, int(self.sample_ratio * self.num_clients))
+
+    def sample_clients(self) -> list[int]:
+        if self.rng is None:
+            return list(super().sample_clients())
+        return sorted(self.rng.sample(range(self.num_clients), self.num_clients_per_round))
+
+    def global_update(self, buffer: list[list[torch.Tensor]]) -> None:
+        self.last_result = aggregate_into(
+            self._model, self.aggregator, buffer, self.round + 1, self.host
+        )
+        if self.on_round is not None:
+            self.on_round(self, self.last_result)

@@ -1,0 +1,322 @@
+"""Config-driven FedLab runs: standalone (``StandalonePipeline``) and cross-process (``DistNetwork``).
+
+Rounds run in FedLab's own loop — the standalone pipeline, or FedLab's server and client
+managers over ``torch.distributed`` (gloo on 127.0.0.1). This module only builds the pieces
+from a :class:`~fl_adapters.config.RunConfig` and, after every aggregation, evaluates the
+global model on all clients' test splits (weighted by size, as the thesis does) and appends
+a line to ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import ConcatDataset
+
+from fl_adapters._training import evaluate
+from fl_adapters.config import RunConfig
+from fl_adapters.fedlab.data import PartitionedDataset
+from fl_adapters.fedlab.handler import FedBalanceServerHandler
+from fl_adapters.fedlab.trainer import LocalConfig
+from fl_aggregators import AggregationResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Experiment:
+    """Everything a run needs, built the same way in every process of a run."""
+
+    config: RunConfig
+    data: PartitionedDataset
+    model: torch.nn.Module
+    local: LocalConfig
+    num_classes: int
+
+
+def build(config: RunConfig) -> Experiment:
+    """Dataset, partition, initial model and local training settings for ``config``.
+
+    The model is initialised from ``torch.manual_seed(config.seed)``, so the server and every
+    client process start from the same weights.
+    """
+    from fedbalance_benchmarks.datasets import dataset_targets, load_dataset
+    from fedbalance_benchmarks.models import build_model
+    from fl_adapters.registry import get_registry
+
+    registry = get_registry()
+    aggregator_cls = registry.aggregator(config.aggregator)  # fail before loading any data
+    registry.make_aggregator(config.aggregator, **config.aggregator_args)
+    train = load_dataset(config.dataset, train=True, data_dir=config.data_dir)
+    labels = dataset_targets(train)
+    if config.max_samples is not None and config.max_samples < len(labels):
+        from torch.utils.data import Subset
+
+        keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(config.seed))[
+            : config.max_samples
+        ]
+        keep = keep.sort().values
+        train, labels = Subset(train, keep.tolist()), labels[keep.numpy()]
+    partition = registry.make_partitioner(config.partition).partition(
+        labels, config.num_clients, seed=config.seed, split=config.split
+    )
+    x0 = train[0][0]
+    num_classes = int(labels.max()) + 1
+    torch.manual_seed(config.seed)
+    model = build_model(
+        config.model, in_channels=x0.shape[0], num_classes=num_classes, image_size=x0.shape[-1]
+    )
+    local = LocalConfig(
+        epochs=config.local_epochs,
+        batch_size=config.batch_size,
+        optimizer=config.optimizer,
+        lr=config.lr,
+        seed=config.seed,
+        need_val_loss="val_loss" in getattr(aggregator_cls, "required_metrics", ()),
+    )
+    return Experiment(config, PartitionedDataset(train, partition), model, local, num_classes)
+
+
+class MetricsWriter:
+    """Evaluates the global model after each aggregation and writes ``metrics.jsonl``."""
+
+    def __init__(self, exp: Experiment, out_dir: Path, progress: bool = True) -> None:
+        self.exp = exp
+        self.out_dir = out_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = out_dir / "metrics.jsonl"
+        self.path.write_text("")
+        self.test: ConcatDataset[Any] = ConcatDataset(
+            [exp.data.get_dataset(c, "test") for c in range(exp.data.num)]
+        )
+        self.param_bytes = sum(p.numel() * p.element_size() for p in exp.model.parameters())
+        self.rows: list[dict[str, Any]] = []
+        self.started = time.perf_counter()
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=exp.config.rounds,
+                desc=f"{exp.config.aggregator} rounds",
+                unit="round",
+                leave=False,
+                disable=None,
+            )
+
+    def __call__(
+        self,
+        handler: FedBalanceServerHandler,
+        result: AggregationResult,
+        bytes_up: int | None = None,
+        bytes_down: int | None = None,
+    ) -> None:
+        rnd = handler.round + 1
+        k = len(result.weights)
+        row: dict[str, Any] = {
+            "round": rnd,
+            "clients": result.clients,
+            "weights": result.weights,
+            "rejected": len(result.rejected),
+            "skipped": result.skipped,
+        }
+        if rnd % self.exp.config.eval_every == 0 or rnd == self.exp.config.rounds:
+            loss, acc, n = evaluate(handler.model, self.test)
+            row.update(test_loss=loss, test_accuracy=acc, test_samples=n)
+        # Parameters down to each sampled client and up again, plus fedbalance's 3-float meta.
+        row["bytes_down"] = bytes_down if bytes_down is not None else k * self.param_bytes
+        row["bytes_up"] = bytes_up if bytes_up is not None else k * (self.param_bytes + 12)
+        row["elapsed_s"] = round(time.perf_counter() - self.started, 3)
+        self.rows.append(row)
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self.bar is not None:
+            self.bar.update(1)
+            if "test_accuracy" in row:
+                self.bar.set_postfix(acc=f"{row['test_accuracy']:.4f}")
+
+    def summary(self) -> dict[str, Any]:
+        if self.bar is not None:
+            self.bar.close()
+        evals = [r for r in self.rows if "test_accuracy" in r]
+        best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
+        doc = {
+            "config": self.exp.config.to_dict(),
+            "rounds": len(self.rows),
+            "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
+            "best_accuracy": best["test_accuracy"] if best else None,
+            "best_round": best["round"] if best else None,
+            "bytes_up": sum(r["bytes_up"] for r in self.rows),
+            "bytes_down": sum(r["bytes_down"] for r in self.rows),
+            "elapsed_s": round(time.perf_counter() - self.started, 3),
+        }
+        (self.out_dir / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
+        return doc
+
+
+def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandler:
+    cfg = exp.config
+    return FedBalanceServerHandler(
+        exp.model,
+        cfg.rounds,
+        cfg.clients_per_round / cfg.num_clients,
+        aggregator=cfg.aggregator,
+        aggregator_args=cfg.aggregator_args,
+        seed=cfg.seed,
+        clients_per_round=cfg.clients_per_round,
+        host="fedlab" if cfg.framework == "fedlab" else "fedlab-distributed",
+        on_round=on_round,
+    )
+
+
+def run_standalone(config: RunConfig, out_dir: Path, progress: bool = True) -> dict[str, Any]:
+    """One run in FedLab's ``StandalonePipeline``; returns the summary."""
+    from fedlab.core.standalone import StandalonePipeline
+
+    from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer
+
+    class Pipeline(StandalonePipeline):
+        def evaluate(self) -> None:  # evaluation happens after each aggregation (on_round)
+            pass
+
+    exp = build(config)
+    writer = MetricsWriter(exp, out_dir, progress)
+    handler = make_handler(exp, on_round=writer)
+    trainer = FedBalanceSerialTrainer(_copy_model(exp.model), exp.data, exp.local)
+    Pipeline(handler, trainer).main()
+    return writer.summary()
+
+
+def _copy_model(model: torch.nn.Module) -> torch.nn.Module:
+    import copy
+
+    return copy.deepcopy(model)
+
+
+# -- cross-process ----------------------------------------------------------------------------
+def client_slices(num_clients: int, processes: int) -> list[list[int]]:
+    """Contiguous client-id ranges, one per client process (FedLab's Coordinator maps them so)."""
+    base, extra = divmod(num_clients, processes)
+    out, start = [], 0
+    for p in range(processes):
+        size = base + (p < extra)
+        out.append(list(range(start, start + size)))
+        start += size
+    return out
+
+
+def run_server(
+    config: RunConfig,
+    out_dir: Path,
+    world_size: int,
+    host: str = "127.0.0.1",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """The server role of a cross-process run (rank 0)."""
+    from fedlab.core.network import DistNetwork
+    from fedlab.core.server.manager import SynchronousServerManager
+
+    exp = build(config)
+    writer = MetricsWriter(exp, out_dir, progress)
+    network = DistNetwork((host, str(config.port)), world_size=world_size, rank=0)
+    sent = {"down": 0, "up": 0}
+
+    def on_round(handler: FedBalanceServerHandler, result: AggregationResult) -> None:
+        down, up = (
+            network.send_volume_intotal - sent["down"],
+            network.recv_volume_intotal - sent["up"],
+        )
+        sent["down"], sent["up"] = network.send_volume_intotal, network.recv_volume_intotal
+        writer(handler, result, bytes_up=up, bytes_down=down)
+
+    handler = make_handler(exp, on_round=on_round)
+    SynchronousServerManager(network=network, handler=handler, mode="LOCAL").run()
+    return writer.summary()
+
+
+def run_client(config: RunConfig, rank: int, world_size: int, host: str = "127.0.0.1") -> None:
+    """Client process ``rank`` (1..world_size-1): simulates its slice of the clients."""
+    from fedlab.core.client.manager import PassiveClientManager
+    from fedlab.core.network import DistNetwork
+
+    from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer
+
+    if not 1 <= rank < world_size:
+        raise ValueError(f"rank must be between 1 and world_size-1={world_size - 1}, got {rank}")
+    exp = build(config)
+    ids = client_slices(config.num_clients, world_size - 1)[rank - 1]
+    trainer = FedBalanceSerialTrainer(exp.model, exp.data, exp.local, client_ids=ids)
+    network = DistNetwork((host, str(config.port)), world_size=world_size, rank=rank)
+    PassiveClientManager(trainer=trainer, network=network).run()
+
+
+def run_distributed(
+    config: RunConfig,
+    out_dir: Path,
+    client_processes: int = 2,
+    config_path: Path | None = None,
+    timeout: float = 3600,
+) -> dict[str, Any]:
+    """Launch one server and ``client_processes`` client processes on 127.0.0.1 and wait."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if config_path is None:
+        import yaml
+
+        config_path = out_dir / "config.yaml"
+        config_path.write_text(yaml.safe_dump(config.to_dict()))
+    world = client_processes + 1
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-m", "fl_adapters.cli"]
+    procs = [
+        subprocess.Popen(
+            [
+                *base,
+                "fedlab-server",
+                str(config_path),
+                "--out",
+                str(out_dir),
+                "--world-size",
+                str(world),
+                "--no-progress",
+            ],
+            env=env,
+        )
+    ]
+    procs += [
+        subprocess.Popen(
+            [
+                *base,
+                "fedlab-client",
+                str(config_path),
+                "--rank",
+                str(r),
+                "--world-size",
+                str(world),
+            ],
+            env=env,
+        )
+        for r in range(1, world)
+    ]
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"fedlab-distributed run did not finish within {timeout:.0f} s") from e
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    codes = [p.returncode for p in procs]
+    if any(codes):
+        raise RuntimeError(f"fedlab-distributed processes exited with codes {codes} (server first)")
+    return json.loads((out_dir / "summary.json").read_text())

@@ -1,0 +1,135 @@
+"""FedLab client trainers that train on fedbalance partitions and report what aggregators need.
+
+Both trainers hold out each client's validation split (from the partition's local split,
+70/10/20 by default), train with a fresh optimizer on the train split, measure the validation
+loss when the aggregator needs it, and upload ``[params, meta]`` (see :mod:`.payload`).
+
+* :class:`FedBalanceSerialTrainer` simulates many clients in one process (FedLab's
+  ``SerialClientTrainer``), for the standalone pipeline or one rank of a cross-process run.
+* :class:`FedBalanceClientTrainer` is one client per process (FedLab's ``ClientTrainer``).
+
+The data order of client ``c``'s ``k``-th participation is seeded by ``(seed, c, k)``, so a
+client trains identically whether it runs in the standalone pipeline or its own process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from fedlab.core.client.trainer import ClientTrainer, SerialClientTrainer
+from fedlab.utils import SerializationTool
+
+from fl_adapters._training import evaluate, local_train, stream_seed
+from fl_adapters.fedlab.data import PartitionedDataset
+from fl_adapters.fedlab.payload import pack_meta
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """How each client trains locally."""
+
+    epochs: int = 10
+    batch_size: int = 64
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    seed: int = 0
+    need_val_loss: bool = True
+
+
+def train_client(
+    model: torch.nn.Module,
+    params: torch.Tensor,
+    data: PartitionedDataset,
+    client: int,
+    participation: int,
+    cfg: LocalConfig,
+) -> list[torch.Tensor]:
+    """Load ``params``, train client ``client`` locally, and return its uplink package."""
+    SerializationTool.deserialize_model(model, params)
+    n = local_train(
+        model,
+        data.get_dataset(client, "train"),
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        optimizer=cfg.optimizer,
+        lr=cfg.lr,
+        seed=stream_seed("fedlab-train", cfg.seed, client, participation),
+    )
+    val_loss = None
+    if cfg.need_val_loss:
+        val_loss, _, n_val = evaluate(model, data.get_dataset(client, "val"))
+        if n_val == 0:
+            log.warning("client %s has an empty validation split; it reports no val_loss", client)
+            val_loss = None
+    return [SerializationTool.serialize_model(model), pack_meta(client, n, val_loss)]
+
+
+class FedBalanceSerialTrainer(SerialClientTrainer):
+    """Simulates the clients ``client_ids`` (all of the partition's by default) in one process."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        data: PartitionedDataset,
+        cfg: LocalConfig,
+        client_ids: Sequence[int] | None = None,
+    ) -> None:
+        ids = list(range(data.num)) if client_ids is None else [int(c) for c in client_ids]
+        super().__init__(model, len(ids), cuda=False)
+        self.dataset = data
+        self.cfg = cfg
+        self.client_ids = ids
+        self.participations: dict[int, int] = {}
+        self.cache: list[list[torch.Tensor]] = []
+
+    def setup_dataset(self, dataset: PartitionedDataset) -> None:  # FedLab API
+        self.dataset = dataset
+
+    def setup_optim(self, *args: Any) -> None:  # FedLab API; the optimizer is per client
+        pass
+
+    @property
+    def uplink_package(self) -> list[list[torch.Tensor]]:
+        package, self.cache = self.cache, []
+        return package
+
+    def local_process(self, payload: list[torch.Tensor], id_list: list[int]) -> None:
+        for local_id in id_list:
+            client = self.client_ids[int(local_id)]
+            k = self.participations.get(client, 0)
+            self.participations[client] = k + 1
+            self.cache.append(
+                train_client(self._model, payload[0], self.dataset, client, k, self.cfg)
+            )
+
+
+class FedBalanceClientTrainer(ClientTrainer):
+    """One client per process: FedLab passes its id with every activation."""
+
+    def __init__(self, model: torch.nn.Module, data: PartitionedDataset, cfg: LocalConfig) -> None:
+        super().__init__(model, cuda=False)
+        self.dataset = data
+        self.cfg = cfg
+        self.participations: dict[int, int] = {}
+        self._package: list[torch.Tensor] = []
+
+    def setup_dataset(self, dataset: PartitionedDataset) -> None:
+        self.dataset = dataset
+
+    def setup_optim(self, *args: Any) -> None:
+        pass
+
+    @property
+    def uplink_package(self) -> list[torch.Tensor]:
+        return self._package
+
+    def local_process(self, payload: list[torch.Tensor], id: int) -> None:
+        k = self.participations.get(int(id), 0)
+        self.participations[int(id)] = k + 1
+        self._package = train_client(self._model, payload[0], self.dataset, int(id), k, self.cfg)
