@@ -6,6 +6,11 @@ import warnings
 from collections.abc import Iterator
 
 import pytest
+import torch
+
+# One intra-op thread: tests start host processes beside the test process on 2 cores, and
+# oversubscribed threads slow every one of them down.
+torch.set_num_threads(1)
 
 warnings.filterwarnings("ignore", message=".*pynvml.*", category=FutureWarning)
 

@@ -1,0 +1,151 @@
+"""Makes a stock FedLab script aggregate with a fedbalance plugin, chosen by environment.
+
+FedLab has no config files, so the switch is the environment::
+
+    FEDBALANCE_AGGREGATOR=fedloss FEDBALANCE_AGGREGATOR_ARGS='{"loss_clip": 5}' python server.py
+
+When FedLab is imported with ``FEDBALANCE_AGGREGATOR`` set, :func:`arm` patches FedLab's own
+classes in this process (and nothing when it is unset):
+
+* ``SyncServerHandler.global_update`` aggregates the round's buffer with the named aggregator
+  (one stateful instance per handler) instead of FedLab's unweighted ``fedavg_aggregate``, and
+  records it (``FEDBALANCE_RECORD``).
+* ``SGDSerialClientTrainer.local_process`` and ``SGDClientTrainer.local_process`` /
+  ``uplink_package`` hold out each client's validation data — the dataset's ``"val"`` split
+  when its ``get_dataset(id, "val")`` has one, otherwise a deterministic 10 % of its training
+  data — train with FedLab's own ``train``, and append ``[client_id, num_samples, val_loss]``
+  to the uplink. The validation loss is computed only if the aggregator needs it.
+
+An unknown aggregator name stops ``import fedlab`` with the registry's message (listing the
+available names), before any training. ``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1`` turns it off.
+Client ids in the records are the ids FedLab hands the trainer (local ids in a cross-process
+run with serial trainers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from fl_adapters._training import evaluate, stream_seed
+
+log = logging.getLogger(__name__)
+
+ENV_AGGREGATOR = "FEDBALANCE_AGGREGATOR"
+ENV_ARGS = "FEDBALANCE_AGGREGATOR_ARGS"
+ENV_SEED = "FEDBALANCE_SEED"
+VAL_FRACTION = 0.1
+_armed: dict[str, Any] = {}
+
+
+def settings() -> tuple[str, dict[str, Any]] | None:
+    """``(aggregator name, args)`` from the environment, or ``None`` when unset."""
+    name = os.environ.get(ENV_AGGREGATOR, "").strip()
+    if not name:
+        return None
+    raw = os.environ.get(ENV_ARGS, "").strip() or "{}"
+    try:
+        args = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{ENV_ARGS} must be a JSON object, got {raw!r} ({e})") from e
+    if not isinstance(args, dict):
+        raise ValueError(f"{ENV_ARGS} must be a JSON object, got {raw!r}")
+    return name, args
+
+
+def train_val(dataset: Any, client: int) -> tuple[Dataset[Any], Dataset[Any]]:
+    """A client's training and validation data from a FedLab ``FedDataset``."""
+    train = dataset.get_dataset(client, "train")
+    try:
+        val = dataset.get_dataset(client, "val")
+        if val is not None and len(val) > 0:
+            return train, val
+    except (NotImplementedError, KeyError, ValueError, IndexError, FileNotFoundError, TypeError):
+        pass
+    n = len(train)
+    seed = stream_seed("fedlab-autoload-val", int(os.environ.get(ENV_SEED, "0")), client)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = max(1, int(round(n * VAL_FRACTION))) if n > 1 else 0
+    return Subset(train, perm[n_val:]), Subset(train, perm[:n_val])
+
+
+def arm() -> None:
+    """Patch FedLab's stock handler and trainers if ``FEDBALANCE_AGGREGATOR`` is set."""
+    chosen = settings()
+    if chosen is None or _armed:
+        return
+    name, args = chosen
+    from fedlab.contrib.algorithm.basic_client import SGDClientTrainer, SGDSerialClientTrainer
+    from fedlab.contrib.algorithm.basic_server import SyncServerHandler
+
+    from fl_adapters.fedlab.handler import aggregate_into
+    from fl_adapters.fedlab.payload import pack_meta
+    from fl_adapters.registry import get_registry
+
+    registry = get_registry()
+    cls = registry.aggregator(name)  # unknown name: fails here, at import, naming the options
+    registry.make_aggregator(name, **args)  # bad arguments: likewise
+    need_val = "val_loss" in getattr(cls, "required_metrics", ())
+
+    def global_update(self: Any, buffer: list[list[torch.Tensor]]) -> None:
+        agg = self.__dict__.get("_fedbalance_aggregator")
+        if agg is None:
+            agg = self._fedbalance_aggregator = registry.make_aggregator(name, **args)
+        aggregate_into(self._model, agg, buffer, self.round + 1, "fedlab")
+
+    def train_one(trainer: Any, params: torch.Tensor, client: int) -> list[torch.Tensor]:
+        train, val = train_val(trainer.dataset, client)
+        loader = DataLoader(train, batch_size=trainer.batch_size, shuffle=True)
+        pack = trainer.train(params, loader)
+        pack = list(pack) if pack is not None else [trainer.model_parameters]
+        val_loss = evaluate(trainer._model, val)[0] if need_val and len(val) else None
+        return [*pack, pack_meta(client, len(train), val_loss)]
+
+    def serial_local_process(self: Any, payload: list[torch.Tensor], id_list: list[int]) -> None:
+        for client in id_list:
+            self.cache.append(train_one(self, payload[0], int(client)))
+
+    def client_local_process(self: Any, payload: list[torch.Tensor], id: int) -> None:
+        self._fedbalance_package = train_one(self, payload[0], int(id))
+
+    original_uplink = SGDClientTrainer.uplink_package
+
+    def client_uplink(self: Any) -> list[torch.Tensor]:
+        package = self.__dict__.get("_fedbalance_package")
+        return package if package is not None else original_uplink.fget(self)
+
+    _armed.update(
+        aggregator=name,
+        args=args,
+        originals={
+            "global_update": SyncServerHandler.global_update,
+            "serial_local_process": SGDSerialClientTrainer.local_process,
+            "client_local_process": SGDClientTrainer.local_process,
+            "client_uplink": original_uplink,
+        },
+    )
+    SyncServerHandler.global_update = global_update
+    SGDSerialClientTrainer.local_process = serial_local_process
+    SGDClientTrainer.local_process = client_local_process
+    SGDClientTrainer.uplink_package = property(client_uplink)
+    log.info("fedbalance: FedLab armed with aggregator %r %s", name, args or "")
+
+
+def disarm() -> None:
+    """Undo :func:`arm` (for tests and notebooks that switch back to stock FedLab)."""
+    if not _armed:
+        return
+    from fedlab.contrib.algorithm.basic_client import SGDClientTrainer, SGDSerialClientTrainer
+    from fedlab.contrib.algorithm.basic_server import SyncServerHandler
+
+    o = _armed["originals"]
+    SyncServerHandler.global_update = o["global_update"]
+    SGDSerialClientTrainer.local_process = o["serial_local_process"]
+    SGDClientTrainer.local_process = o["client_local_process"]
+    SGDClientTrainer.uplink_package = o["client_uplink"]
+    _armed.clear()

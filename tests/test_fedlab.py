@@ -1,0 +1,213 @@
+"""The FedLab adapter against real FedLab 1.3.0: standalone pipeline, cross-process, stock scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("fedlab")
+
+from fl_adapters.config import RunConfig
+from fl_adapters.fedlab import FedBalancePartitioner, FedBalanceServerHandler, PartitionedDataset
+from fl_adapters.fedlab.payload import pack_meta, unpack
+from fl_adapters.fedlab.runner import run_distributed, run_standalone
+from fl_partitions import make_partitioner
+
+HOSTS = Path(__file__).parent / "hosts"
+AGGREGATORS = ["fedavg", "fedavgm", "fedmedian", "fedloss", "fedloss_n"]
+
+
+def tiny_config(**overrides: object) -> RunConfig:
+    base: dict[str, object] = dict(
+        framework="fedlab",
+        dataset="digits",
+        partition={"name": "mixed"},
+        aggregator="fedloss",
+        num_clients=6,
+        clients_per_round=3,
+        rounds=3,
+        local_epochs=1,
+        batch_size=32,
+        seed=3,
+    )
+    base.update(overrides)
+    return RunConfig.from_dict(base)
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def expected_fedloss_weights(losses: list[float], clip: float = 5.0) -> list[float]:
+    med = sorted(losses)[(len(losses) - 1) // 2]
+    bounded = [min(x, clip * med) for x in losses]
+    return [x / sum(bounded) for x in bounded]
+
+
+@pytest.mark.parametrize("aggregator", AGGREGATORS)
+def test_standalone_pipeline_runs_every_aggregator(
+    aggregator: str, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    rec = tmp_path / "rec.jsonl"
+    monkeypatch.setenv("FEDBALANCE_RECORD", str(rec))
+    summary = run_standalone(tiny_config(aggregator=aggregator), tmp_path / "out", progress=False)
+    assert summary["rounds"] == 3 and 0.0 <= summary["final_accuracy"] <= 1.0
+    lines = records(rec)
+    assert [r["round"] for r in lines] == [1, 2, 3]
+    for r in lines:
+        assert r["host"] == "fedlab" and r["aggregator"] == aggregator and len(r["clients"]) == 3
+        assert sum(r["weights"]) == pytest.approx(1.0) and r["rejected"] == []
+        if aggregator == "fedloss":
+            losses = [m["val_loss"] for m in r["metrics"]]
+            assert r["weights"] == pytest.approx(expected_fedloss_weights(losses))
+        if aggregator == "fedavg":
+            assert r["weights"] == pytest.approx(
+                [n / sum(r["num_samples"]) for n in r["num_samples"]]
+            )
+    metrics = records(tmp_path / "out" / "metrics.jsonl")
+    assert len(metrics) == 3 and all("test_accuracy" in m and m["bytes_up"] > 0 for m in metrics)
+
+
+def test_training_actually_learns(tmp_path: Path) -> None:
+    summary = run_standalone(
+        tiny_config(partition={"name": "iid"}, rounds=4, aggregator="fedavg"),
+        tmp_path,
+        progress=False,
+    )
+    assert summary["best_accuracy"] > 0.5  # digits, 10 classes: chance is 0.1
+
+
+@pytest.mark.slow
+def test_cross_process_matches_standalone_in_round_one(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cfg = tiny_config(port=29000 + os.getpid() % 2000)
+    monkeypatch.setenv("FEDBALANCE_RECORD", str(tmp_path / "standalone.jsonl"))
+    run_standalone(cfg, tmp_path / "sa", progress=False)
+    monkeypatch.setenv("FEDBALANCE_RECORD", str(tmp_path / "dist.jsonl"))
+    cfg.framework = "fedlab-distributed"
+    summary = run_distributed(cfg, tmp_path / "dist", client_processes=2, timeout=600)
+    assert summary["rounds"] == 3
+    sa, dist = records(tmp_path / "standalone.jsonl"), records(tmp_path / "dist.jsonl")
+    assert [r["round"] for r in dist] == [1, 2, 3] and {r["host"] for r in dist} == {
+        "fedlab-distributed"
+    }
+    for r in dist:  # fedloss weights are the reported losses, normalised
+        assert r["weights"] == pytest.approx(
+            expected_fedloss_weights([m["val_loss"] for m in r["metrics"]])
+        )
+    by_client = lambda r: {c: w for c, w in zip(r["clients"], r["weights"], strict=True)}  # noqa: E731
+    assert by_client(dist[0]) == pytest.approx(by_client(sa[0]), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_stock_fedlab_script_switches_by_environment(tmp_path: Path) -> None:
+    script = HOSTS / "fedlab_stock_standalone.py"
+    rec = tmp_path / "rec.jsonl"
+    env = {**os.environ, "FEDBALANCE_AGGREGATOR": "fedloss", "FEDBALANCE_RECORD": str(rec)}
+    out = subprocess.run(
+        [sys.executable, str(script), "3"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = records(rec)
+    assert [r["round"] for r in lines] == [1, 2, 3]
+    for r in lines:
+        losses = [m["val_loss"] for m in r["metrics"]]
+        assert len(losses) == 3 and all(x > 0 for x in losses)
+        assert r["weights"] == pytest.approx(expected_fedloss_weights(losses))
+        assert r["aggregator"] == "fedloss" and r["host"] == "fedlab"
+
+
+@pytest.mark.slow
+def test_stock_script_untouched_without_the_variable(tmp_path: Path) -> None:
+    script = HOSTS / "fedlab_stock_standalone.py"
+    rec = tmp_path / "rec.jsonl"
+    base = {k: v for k, v in os.environ.items() if k != "FEDBALANCE_AGGREGATOR"}
+    plain = subprocess.run(
+        [sys.executable, str(script)],
+        env={**base, "FEDBALANCE_RECORD": str(rec)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    off = subprocess.run(
+        [sys.executable, str(script)],
+        env={**base, "FEDBALANCE_DISABLE_HOST_AUTOLOAD": "1", "FEDBALANCE_AGGREGATOR": "fedloss"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    checksum = [line for line in plain.stdout.splitlines() if line.startswith("CHECKSUM")]
+    assert checksum and checksum == [
+        line for line in off.stdout.splitlines() if line.startswith("CHECKSUM")
+    ]
+    assert not rec.exists()
+
+
+@pytest.mark.slow
+def test_stock_script_with_a_typo_fails_at_import(tmp_path: Path) -> None:
+    env = {**os.environ, "FEDBALANCE_AGGREGATOR": "fedlos"}
+    out = subprocess.run(
+        [sys.executable, str(HOSTS / "fedlab_stock_standalone.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode != 0
+    assert "unknown aggregator 'fedlos'" in out.stderr and "did you mean 'fedloss'?" in out.stderr
+    assert "CHECKSUM" not in out.stdout
+
+
+# -- pieces ------------------------------------------------------------------------------------
+def test_fedlab_partitioner_interface() -> None:
+    labels = np.repeat(np.arange(10), 50)
+    p = FedBalancePartitioner(
+        labels, 7, {"name": "label_dirichlet", "beta": 0.3, "min_size": 5}, seed=2
+    )
+    assert len(p) == 7 and set(p.client_dict) == set(range(7))
+    assert sorted(np.concatenate([p[i] for i in range(7)]).tolist()) == list(range(500))
+    same = FedBalancePartitioner(
+        labels, 7, make_partitioner({"name": "label_dirichlet", "beta": 0.3, "min_size": 5}), seed=2
+    )
+    assert all(np.array_equal(p[i], same[i]) for i in range(7))
+
+
+def test_partitioned_dataset_gives_noisy_splits() -> None:
+    x = torch.zeros(60, 1, 4, 4)
+    ds = torch.utils.data.TensorDataset(x, torch.arange(60) % 3)
+    part = make_partitioner({"name": "feature_noise", "sigma": 1.0}).partition(
+        np.arange(60) % 3, 3, seed=0
+    )
+    fed = PartitionedDataset(ds, part)
+    sizes = [len(fed.get_dataset(c, s)) for c in range(3) for s in ("train", "val", "test")]
+    assert sum(sizes) == 60 and sizes[:3] == [14, 2, 4]
+    assert torch.count_nonzero(fed.get_dataset(0, "train")[0][0]) == 0  # client 0: noise std 0
+    assert float(fed.get_dataset(2, "train")[0][0].std()) > 0.3  # last client: std 1
+    with pytest.raises(ValueError, match="type must be one of train, val, test, got 'dev'"):
+        fed.get_dataset(0, "dev")
+
+
+def test_payload_round_trip_and_stock_uplink() -> None:
+    up = unpack([torch.ones(3), pack_meta(5, 120, 0.25)])
+    assert (up.client_id, up.num_samples, up.metrics) == (5, 120, {"val_loss": 0.25})
+    assert unpack([torch.ones(3), pack_meta(5, 120, None)]).metrics == {}
+    bare = unpack([torch.ones(3)])
+    assert bare.client_id is None and bare.num_samples is None
+
+
+def test_handler_rejects_a_poisoned_client_and_keeps_going(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    model = torch.nn.Linear(2, 1)
+    h = FedBalanceServerHandler(model, global_round=1, sample_ratio=1.0, aggregator="fedloss")
+    good = torch.full_like(h.model_parameters, 0.5)
+    bad = torch.full_like(h.model_parameters, float("nan"))
+    h.global_update([[good, pack_meta(0, 10, 1.0)], [bad, pack_meta(1, 10, 1e9)]])
+    assert torch.equal(h.model_parameters, good)
+    assert h.last_result is not None and [r.client for r in h.last_result.rejected] == [1]
