@@ -30,7 +30,7 @@ import os
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Subset
 
 from fl_adapters._training import evaluate, stream_seed
 
@@ -58,7 +58,7 @@ def settings() -> tuple[str, dict[str, Any]] | None:
     return name, args
 
 
-def train_val(dataset: Any, client: int) -> tuple[Dataset[Any], Dataset[Any]]:
+def train_val(dataset: Any, client: int) -> tuple[Any, Any]:
     """A client's training and validation data from a FedLab ``FedDataset``."""
     train = dataset.get_dataset(client, "train")
     try:

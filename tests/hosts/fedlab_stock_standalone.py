@@ -23,7 +23,7 @@ class DigitsFed(FedDataset):
         d = load_digits()
         x = torch.tensor(d.data, dtype=torch.float32) / 16.0
         y = torch.tensor(d.target)
-        np.random.seed(0)
+        np.random.seed(0)  # noqa: NPY002 - FedLab partitions with the global RNG
         parts = hetero_dir_partition(d.target, num_clients, 10, 0.5, min_require_size=20)
         self.sets = {c: TensorDataset(x[idx], y[idx]) for c, idx in parts.items()}
         self.num = num_clients
