@@ -174,7 +174,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 #: ``fedbalance bench NAME`` -> module with ``main(argv)``; runnable from an installed wheel.
-BENCHES = {"perf-partition": "fedbalance_benchmarks.perf_partition"}
+BENCHES = {
+    "perf-aggregate": "fedbalance_benchmarks.perf_aggregate",
+    "perf-partition": "fedbalance_benchmarks.perf_partition",
+    "thesis": "fedbalance_benchmarks.thesis",
+}
 
 
 # -- parser -----------------------------------------------------------------------------------

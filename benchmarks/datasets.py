@@ -14,6 +14,7 @@ get it. Nothing here downloads unless asked.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 from dataclasses import dataclass
@@ -187,13 +188,18 @@ def load_labels(
     return dataset_targets(load_torchvision(name, True, data_dir, download))
 
 
+@functools.lru_cache(maxsize=4)
 def load_dataset(
     name: str,
     train: bool = True,
     data_dir: str | os.PathLike[str] | None = None,
     download: bool = False,
 ) -> torch.utils.data.Dataset:  # type: ignore[type-arg]
-    """A training or test dataset by name (see the module docstring)."""
+    """A training or test dataset by name (see the module docstring); cached per process.
+
+    The benchmarks run many experiments in one worker process; decoding Fashion-MNIST anew
+    for each would cost more than a short run.
+    """
     if name == "fmnist":
         return load_fmnist(train, data_dir)
     if name == "digits":

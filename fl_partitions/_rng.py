@@ -58,11 +58,18 @@ def check_positive_float(name: str, value: object, *, allow_zero: bool = False) 
     return v
 
 
-def check_fractions(name: str, values: Sequence[float]) -> tuple[float, ...]:
-    """Validate non-negative fractions that sum to 1 (within rounding)."""
-    vals = tuple(float(v) for v in values)
-    if not vals or any(not np.isfinite(v) or v < 0 for v in vals) or abs(sum(vals) - 1) > 1e-6:
+def check_fractions(name: str, values: Sequence[float], count: int) -> tuple[float, ...]:
+    """Validate ``count`` non-negative fractions that sum to 1 (within rounding)."""
+    try:
+        vals = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        vals = ()
+    if (
+        len(vals) != count
+        or any(not np.isfinite(v) or v < 0 for v in vals)
+        or abs(sum(vals) - 1) > 1e-6
+    ):
         raise ValueError(
-            f"{name} must be non-negative fractions summing to 1, got {list(values)!r}"
+            f"{name} must be {count} non-negative fractions summing to 1, got {values!r}"
         )
     return vals

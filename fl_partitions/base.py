@@ -132,7 +132,7 @@ class Partitioner(ABC):
             raise ValueError(
                 f"num_classes must cover every label (>= {found_classes}), got {num_classes}"
             )
-        fractions = check_fractions("split", split)
+        fractions = check_fractions("split", split, 3)
         rng = as_generator(seed)
         base_seed = int(seed) if isinstance(seed, (int, np.integer)) else seed_int(rng)
 

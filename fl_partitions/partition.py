@@ -8,6 +8,7 @@ tampered file gives a clear :class:`PartitionFileError` instead of arbitrary beh
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,15 @@ INLINE_LIMIT = 200_000
 
 class PartitionFileError(ValueError):
     """A partition file that is malformed, truncated or tampered with."""
+
+
+def _int_array(values: Any, path: Path, what: str) -> IntArray:
+    """A JSON list of ints as an int64 array; floats, strings or nesting are an error."""
+    if not isinstance(values, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in values
+    ):
+        raise PartitionFileError(f"{path}: {what} must be a list of ints")
+    return np.asarray(values, dtype=np.int64)
 
 
 def local_splits(
@@ -201,14 +211,24 @@ class Partition:
         num_samples, num_classes = int(doc["num_samples"]), int(doc["num_classes"])
         if "arrays" in doc:
             npz_path = path.parent / Path(str(doc["arrays"])).name
-            with np.load(npz_path, allow_pickle=False) as z:
-                indices = np.split(z["indices"], np.cumsum(z["sizes"])[:-1])
-                parts = {p: np.split(z[p], np.cumsum(z[f"{p}_sizes"])[:-1]) for p in SPLIT_NAMES}
+            try:
+                with np.load(npz_path, allow_pickle=False) as z:
+                    indices = np.split(z["indices"], np.cumsum(z["sizes"])[:-1])
+                    parts = {
+                        p: np.split(z[p], np.cumsum(z[f"{p}_sizes"])[:-1]) for p in SPLIT_NAMES
+                    }
+            except (OSError, EOFError, zipfile.BadZipFile) as e:
+                raise PartitionFileError(
+                    f"{path}: cannot read its index arrays {npz_path.name} ({e})"
+                ) from e
             splits = [{p: parts[p][i] for p in SPLIT_NAMES} for i in range(len(clients))]
         else:
-            indices = [np.asarray(c["indices"], dtype=np.int64) for c in clients]
+            indices = [
+                _int_array(c["indices"], path, f"client {i} indices") for i, c in enumerate(clients)
+            ]
             splits = [
-                {p: np.asarray(c["split"][p], dtype=np.int64) for p in SPLIT_NAMES} for c in clients
+                {p: _int_array(c["split"][p], path, f"client {i} split {p}") for p in SPLIT_NAMES}
+                for i, c in enumerate(clients)
             ]
         if len(indices) != len(clients):
             raise PartitionFileError(
@@ -232,10 +252,16 @@ class Partition:
                 )
         if counts.shape != (len(clients), num_classes):
             raise PartitionFileError(f"{path}: class_counts must be {len(clients)} x {num_classes}")
+        flat = np.concatenate(indices) if indices else np.zeros(0, np.int64)
+        if len(np.unique(flat)) != len(flat):
+            raise PartitionFileError(f"{path}: a sample index is held by more than one client")
+        noise = np.asarray([float(c["noise_std"]) for c in clients])
+        if not np.all(np.isfinite(noise)) or np.any(noise < 0):
+            raise PartitionFileError(f"{path}: noise_std must be finite and >= 0 for every client")
         return cls(
             client_indices=[np.asarray(ix, dtype=np.int64) for ix in indices],
             class_counts=counts,
-            noise_std=np.asarray([float(c["noise_std"]) for c in clients]),
+            noise_std=noise,
             splits=splits,
             num_samples=num_samples,
             num_classes=num_classes,

@@ -23,7 +23,7 @@ class QuantityDirichlet(Partitioner):
 
     name = "quantity_dirichlet"
 
-    def __init__(self, *, beta: float = 0.5, min_size: int = 10, max_tries: int = 10) -> None:
+    def __init__(self, *, beta: float = 0.5, min_size: int = 10, max_tries: int = 100) -> None:
         self.beta = check_positive_float("beta", beta)
         self.min_size = check_positive_int("min_size", min_size, minimum=0)
         self.max_tries = check_positive_int("max_tries", max_tries)

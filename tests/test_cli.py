@@ -58,7 +58,7 @@ def test_partition_writes_the_documented_json(tmp_path: Path, capsys) -> None:  
     assert code == 0
     assert REQUIRED_KEYS <= set(doc)
     assert doc["dataset"] == "digits" and doc["num_classes"] == 10 and doc["seed"] == 3
-    assert doc["spec"] == {"name": "label_dirichlet", "beta": 0.3, "min_size": 5, "max_tries": 10}
+    assert doc["spec"] == {"name": "label_dirichlet", "beta": 0.3, "min_size": 5, "max_tries": 100}
     assert len(doc["clients"]) == 8
     all_idx = np.concatenate([c["indices"] for c in doc["clients"]])
     assert sorted(all_idx.tolist()) == list(range(doc["num_samples"]))

@@ -1,0 +1,253 @@
+"""The FedLoss thesis benchmark: five skew scenarios x five aggregators, on FedLab.
+
+Tagarakis, "FedLoss", NTUA diploma thesis, 2023, Tables 1-10 / Figures 12-21: 30 clients,
+5 sampled per round, 50 rounds, Adam (lr 1e-3), batch 64, the thesis CNN, accuracy of the
+global model on every client's test split (weighted by size) after each round. Every run is
+one FedLab ``StandalonePipeline`` (:func:`fl_adapters.fedlab.runner.run_standalone`); runs are
+spread over worker processes and skipped when their ``summary.json`` already exists, so an
+interrupted grid resumes where it stopped.
+
+    fedbalance bench thesis [--quick] [--dataset fmnist] [--seeds 3] [--local-epochs 10] [--out DIR]
+
+Writes ``thesis_<dataset>.md`` (a table per scenario: mean +- std accuracy over seeds at five
+checkpoints, best accuracy and its round), ``thesis_<dataset>.json`` (every run's curve) and
+``thesis_<dataset>_<scenario>.png`` (accuracy vs round, mean +- std band).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "iid": {"name": "iid"},
+    "label": {"name": "label_dirichlet", "beta": 0.5},
+    "quantity": {"name": "quantity_dirichlet", "beta": 0.5},
+    "feature": {"name": "feature_noise", "sigma": 0.1},
+    "mixed": {"name": "mixed"},
+}
+AGGREGATORS = ("fedavg", "fedavgm", "fedmedian", "fedloss", "fedloss_n")
+FULL = dict(num_clients=30, clients_per_round=5, rounds=50, local_epochs=10)
+QUICK = dict(num_clients=10, clients_per_round=3, rounds=5, local_epochs=1, max_samples=6000)
+
+
+def run_config(scenario: str, aggregator: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "framework": "fedlab",
+        "dataset": opts["dataset"],
+        "partition": SCENARIOS[scenario],
+        "aggregator": aggregator,
+        "seed": seed,
+        "optimizer": "adam",
+        "lr": 1e-3,
+        "batch_size": 64,
+        **{
+            k: opts[k]
+            for k in ("num_clients", "clients_per_round", "rounds", "local_epochs", "max_samples")
+            if opts.get(k) is not None
+        },
+    }
+
+
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one process per core beats two threads per process here
+
+
+def _run_one(cfg: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    import logging
+
+    from fl_adapters.config import RunConfig
+    from fl_adapters.fedlab.runner import run_standalone
+
+    logging.getLogger("fl_aggregators").setLevel(logging.ERROR)
+    summary = run_standalone(RunConfig.from_dict(cfg), Path(out_dir), progress=False)
+    return summary
+
+
+def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run (or resume) every (scenario, aggregator, seed); return per-run curves."""
+    from tqdm import tqdm
+
+    runs_dir = Path(opts["out"]) / f"runs_{opts['dataset']}{'_quick' if opts['quick'] else ''}"
+    jobs = []
+    for scenario in opts["scenarios"]:
+        for agg in opts["aggregators"]:
+            for seed in range(opts["seeds"]):
+                out = runs_dir / scenario / agg / f"seed{seed}"
+                jobs.append((scenario, agg, seed, out))
+    todo = [j for j in jobs if not (j[3] / "summary.json").exists()]
+    if todo:
+        with ProcessPoolExecutor(max_workers=opts["workers"], initializer=_worker_init) as pool:
+            futures = {
+                pool.submit(_run_one, run_config(s, a, seed, opts), str(out)): (s, a, seed)
+                for s, a, seed, out in todo
+            }
+            for fut in tqdm(
+                as_completed(futures), total=len(futures), desc="thesis runs", unit="run"
+            ):
+                fut.result()
+    curves = []
+    for scenario, agg, seed, out in jobs:
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        curves.append(
+            {
+                "scenario": scenario,
+                "aggregator": agg,
+                "seed": seed,
+                "rounds": [r["round"] for r in rows if "test_accuracy" in r],
+                "accuracy": [r["test_accuracy"] for r in rows if "test_accuracy" in r],
+                "bytes_up": sum(r["bytes_up"] for r in rows),
+            }
+        )
+    return curves
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    sd = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.mean(values):.2f} ± {100 * sd:.2f}"
+
+
+def tables(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+    from fl_adapters._table import markdown_table
+
+    rounds = opts["rounds"]
+    checkpoints = sorted({max(1, round(rounds * f / 5)) for f in range(1, 6)})
+    out = []
+    for scenario in opts["scenarios"]:
+        rows = []
+        for agg in opts["aggregators"]:
+            runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
+            cells = [
+                _mean_std([c["accuracy"][c["rounds"].index(r)] for c in runs if r in c["rounds"]])
+                for r in checkpoints
+            ]
+            best = [max(c["accuracy"]) for c in runs]
+            best_round = [c["rounds"][c["accuracy"].index(max(c["accuracy"]))] for c in runs]
+            rows.append([agg, *cells, _mean_std(best), f"{statistics.mean(best_round):.0f}"])
+        header = ["aggregator", *[f"acc@{r}" for r in checkpoints], "best acc", "best round (mean)"]
+        out.append(
+            f"### {scenario}: `{json.dumps(SCENARIOS[scenario])}`\n\n"
+            + markdown_table(header, rows)
+        )
+    return "\n\n".join(out)
+
+
+def plots(
+    curves: list[dict[str, Any]], opts: dict[str, Any], out_dir: Path, stem: str
+) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    paths = []
+    for scenario in opts["scenarios"]:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for agg in opts["aggregators"]:
+            runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
+            if not runs:
+                continue
+            acc = 100 * np.array([c["accuracy"] for c in runs])
+            x = runs[0]["rounds"]
+            mean, sd = acc.mean(axis=0), acc.std(axis=0)
+            ax.plot(x, mean, label=agg)
+            ax.fill_between(x, mean - sd, mean + sd, alpha=0.2)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(f"{opts['dataset']}: {scenario} (mean ± std over {opts['seeds']} seeds)")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out_dir / f"{stem}_{scenario}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="fedbalance bench thesis", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="10 clients, 3 per round, 5 rounds, 1 epoch, 6,000 samples",
+    )
+    ap.add_argument("--dataset", default="fmnist", choices=["fmnist", "digits", "svhn", "cifar10"])
+    ap.add_argument(
+        "--seeds", type=int, default=None, help="seeds 0..N-1 (default 3; 1 with --quick)"
+    )
+    ap.add_argument("--local-epochs", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)))
+    ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    ap.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS))
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default benchmarks/results (runs/bench-quick with --quick)",
+    )
+    a = ap.parse_args(argv)
+    opts: dict[str, Any] = dict(QUICK if a.quick else FULL)
+    opts.update(
+        dataset=a.dataset,
+        quick=a.quick,
+        seeds=a.seeds or (1 if a.quick else 3),
+        workers=a.workers,
+        scenarios=a.scenarios,
+        aggregators=a.aggregators,
+    )
+    if a.local_epochs:
+        opts["local_epochs"] = a.local_epochs
+    if a.rounds:
+        opts["rounds"] = a.rounds
+    out_dir = a.out or (Path("runs/bench-quick") if a.quick else RESULTS)
+    opts["out"] = str(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    curves = run_grid(opts)
+    stem = f"thesis_{a.dataset}{'_quick' if a.quick else ''}"
+    note = (
+        ""
+        if opts["local_epochs"] == 10
+        else (
+            f" **{opts['local_epochs']} local epochs** (the thesis used 10; fewer to fit this machine's time)."
+        )
+    )
+    command = "fedbalance bench thesis " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = (
+        f"# FedLoss thesis benchmark on {a.dataset} (FedLab standalone)\n\n"
+        f"{opts['num_clients']} clients, {opts['clients_per_round']} per round, {opts['rounds']} rounds,"
+        f" Adam lr 1e-3, batch 64, thesis CNN, seeds 0..{opts['seeds'] - 1}; accuracy (%) of the global"
+        f" model on all clients' test splits, mean ± std over seeds.{note}\n\n"
+        f"Regenerate: `{command.strip()}` (runs resume from `{opts['out']}/runs_*`).\n\n"
+    )
+    text = header + tables(curves, opts) + "\n"
+    (out_dir / f"{stem}.md").write_text(text)
+    (out_dir / f"{stem}.json").write_text(
+        json.dumps({"options": opts, "runs": curves}, indent=1) + "\n"
+    )
+    plots(curves, opts, out_dir, stem)
+    print(text)
+    print(f"wrote {out_dir}/{stem}.md, .json and .png plots in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
