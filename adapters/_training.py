@@ -7,7 +7,7 @@ trainer classes call: a few local epochs, and the loss/accuracy of a model on a 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +33,24 @@ def make_optimizer(
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
+def batches(
+    dataset: Dataset[Any],
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    generator: torch.Generator | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Mini-batches of ``dataset``: vectorised when it has ``get_batch``, else a DataLoader."""
+    n = len(dataset)  # type: ignore[arg-type]
+    get = getattr(dataset, "get_batch", None)
+    if get is None:
+        yield from DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator)
+        return
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    for start in range(0, n, batch_size):
+        yield get(order[start : start + batch_size].numpy())
+
+
 def local_train(
     model: nn.Module,
     dataset: Dataset[Any],
@@ -52,12 +70,11 @@ def local_train(
     if n == 0:
         return 0
     gen = torch.Generator().manual_seed(seed)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
     opt = make_optimizer(optimizer, model.parameters(), lr)
     criterion = nn.CrossEntropyLoss()
     model.train()
     for _ in range(epochs):
-        for x, y in loader:
+        for x, y in batches(dataset, batch_size, shuffle=True, generator=gen):
             opt.zero_grad(set_to_none=True)
             criterion(model(x), y).backward()
             opt.step()
@@ -66,17 +83,25 @@ def local_train(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, dataset: Dataset[Any], batch_size: int = 1024
+    model: nn.Module, datasets: Dataset[Any] | Sequence[Dataset[Any]], batch_size: int = 1024
 ) -> tuple[float, float, int]:
-    """Mean cross-entropy loss, accuracy and sample count of ``model`` on ``dataset``."""
-    n = len(dataset)  # type: ignore[arg-type]
+    """Mean cross-entropy loss, accuracy and sample count of ``model`` over ``datasets``.
+
+    Several datasets (e.g. every client's test split) count as their union, so the result is
+    weighted by their sizes.
+    """
+    parts: list[Dataset[Any]] = (
+        list(datasets) if isinstance(datasets, (list, tuple)) else [datasets]  # type: ignore[list-item]
+    )
+    model.eval()
+    loss_sum, correct, n = 0.0, 0, 0
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    for ds in parts:
+        for x, y in batches(ds, batch_size):
+            out = model(x)
+            loss_sum += float(criterion(out, y))
+            correct += int((out.argmax(dim=1) == y).sum())
+            n += len(y)
     if n == 0:
         return float("nan"), float("nan"), 0
-    model.eval()
-    loss_sum, correct = 0.0, 0
-    criterion = nn.CrossEntropyLoss(reduction="sum")
-    for x, y in DataLoader(dataset, batch_size=batch_size):
-        out = model(x)
-        loss_sum += float(criterion(out, y))
-        correct += int((out.argmax(dim=1) == y).sum())
     return loss_sum / n, correct / n, n

@@ -79,7 +79,7 @@ def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """Run (or resume) every (scenario, aggregator, seed); return per-run curves."""
     from tqdm import tqdm
 
-    runs_dir = Path(opts["out"]) / f"runs_{opts['dataset']}{'_quick' if opts['quick'] else ''}"
+    runs_dir = Path(opts["runs_dir"]) / f"{opts['dataset']}{'_quick' if opts['quick'] else ''}"
     jobs = []
     for scenario in opts["scenarios"]:
         for agg in opts["aggregators"]:
@@ -203,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="default benchmarks/results (runs/bench-quick with --quick)",
     )
+    ap.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        help="per-run metrics, kept to resume (default ~/.cache/fedbalance/thesis-runs;"
+        " <out>/runs with --quick)",
+    )
     a = ap.parse_args(argv)
     opts: dict[str, Any] = dict(QUICK if a.quick else FULL)
     opts.update(
@@ -219,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         opts["rounds"] = a.rounds
     out_dir = a.out or (Path("runs/bench-quick") if a.quick else RESULTS)
     opts["out"] = str(out_dir)
+    default_runs = (
+        out_dir / "runs" if a.quick else Path.home() / ".cache" / "fedbalance" / "thesis-runs"
+    )
+    opts["runs_dir"] = str(a.runs_dir or default_runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     curves = run_grid(opts)
@@ -236,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{opts['num_clients']} clients, {opts['clients_per_round']} per round, {opts['rounds']} rounds,"
         f" Adam lr 1e-3, batch 64, thesis CNN, seeds 0..{opts['seeds'] - 1}; accuracy (%) of the global"
         f" model on all clients' test splits, mean ± std over seeds.{note}\n\n"
-        f"Regenerate: `{command.strip()}` (runs resume from `{opts['out']}/runs_*`).\n\n"
+        f"Regenerate: `{command.strip()}` (an interrupted grid resumes from `--runs-dir`).\n\n"
     )
     text = header + tables(curves, opts) + "\n"
     (out_dir / f"{stem}.md").write_text(text)

@@ -430,13 +430,10 @@ def stacked(ds: NoisyDataset, order: list[int]) -> dict[int, torch.Tensor]:
     return {i: ds[i][0] for i in order}
 
 
-@pytest.mark.parametrize("cache", [True, False], ids=["cached", "uncached"])
-def test_noise_is_fixed_per_sample_whatever_the_access_order(
-    images: TensorDataset, cache: bool
-) -> None:
+def test_noise_is_fixed_per_sample_whatever_the_access_order(images: TensorDataset) -> None:
     indices = [3, 7, 11, 19, 23, 31]
-    a = NoisyDataset(images, indices, std=0.5, seed=9, client=2, cache=cache)
-    b = NoisyDataset(images, indices, std=0.5, seed=9, client=2, cache=cache)
+    a = NoisyDataset(images, indices, std=0.5, seed=9, client=2)
+    b = NoisyDataset(images, indices, std=0.5, seed=9, client=2)
     forward = stacked(a, list(range(len(indices))))
     backward = stacked(b, list(reversed(range(len(indices)))))
     again = stacked(a, [4, 0, 2, 5, 1, 3])  # second epoch, shuffled
@@ -444,8 +441,16 @@ def test_noise_is_fixed_per_sample_whatever_the_access_order(
         assert torch.equal(forward[i], backward[i])
         assert torch.equal(forward[i], again[i])
     # The noise belongs to the dataset index, not the position in this client's list.
-    c = NoisyDataset(images, list(reversed(indices)), std=0.5, seed=9, client=2, cache=cache)
+    c = NoisyDataset(images, list(reversed(indices)), std=0.5, seed=9, client=2)
     assert torch.equal(c[0][0], a[len(indices) - 1][0])
+
+
+def test_batches_carry_the_same_noise_as_single_samples(images: TensorDataset) -> None:
+    ds = NoisyDataset(images, [3, 7, 11, 19], std=0.5, seed=9, client=2)
+    x, y = ds.get_batch([2, 0, 3])
+    for row, pos in enumerate([2, 0, 3]):
+        single_x, single_y = NoisyDataset(images, [3, 7, 11, 19], std=0.5, seed=9, client=2)[pos]
+        assert torch.allclose(x[row], single_x) and int(y[row]) == int(single_y)
 
 
 def test_noise_labels_pass_through(images: TensorDataset) -> None:

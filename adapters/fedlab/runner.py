@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import ConcatDataset
 
 from fl_adapters._training import evaluate
 from fl_adapters.config import RunConfig
@@ -95,9 +94,7 @@ class MetricsWriter:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         self.path.write_text("")
-        self.test: ConcatDataset[Any] = ConcatDataset(
-            [exp.data.get_dataset(c, "test") for c in range(exp.data.num)]
-        )
+        self.test = [exp.data.get_dataset(c, "test") for c in range(exp.data.num)]
         self.param_bytes = sum(p.numel() * p.element_size() for p in exp.model.parameters())
         self.rows: list[dict[str, Any]] = []
         self.started = time.perf_counter()

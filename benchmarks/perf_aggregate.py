@@ -1,0 +1,639 @@
+"""Aggregation speed: fedbalance's FedAvg / FedLoss / FedMedian against FedML, FedLab and Flower.
+
+One ResNet-18-sized state dict per client (torchvision's ``resnet18(num_classes=1000)``
+layout: 122 tensors, 11.7 M float32 values plus 20 int64 ``num_batches_tracked``), random
+values from a fixed seed, 10 and 100 clients. Every implementation aggregates the same
+clients in the same process, alternating inside each repeat so machine noise hits all; the
+result is the median of ``--repeats`` timed runs after one warm-up.
+
+- fedbalance: ``FedAvg``, ``FedLoss`` (``val_loss`` metrics) and ``FedMedian`` through
+  ``Aggregator.aggregate`` — validation and the finiteness check included.
+- FedML 0.9.6: ``FedMLAggOperator.agg(args, [(num_samples, state_dict)])`` with
+  ``args.federated_optimizer = "FedAvg"`` (its ``torch_aggregator``; it overwrites client 0's
+  dict, so each call gets a shallow copy of it, made outside the timed region).
+- FedLab 1.3.0: ``Aggregators.fedavg_aggregate`` on flat float vectors, as FedLab's
+  ``SerializationTool`` would hand them over (built once, outside the timed region).
+- torch-stacked: ``torch.median(torch.stack(flats), dim=0)``, the obvious median. Note
+  ``torch.median`` returns the *lower* middle value for an even client count, not the mean of
+  the two middle values, so it does slightly less work than a true median.
+- Flower 1.41: ``aggregate`` and ``aggregate_median`` (numpy, one thread), run by
+  ``_flower_agg.py`` in Flower's own virtual environment (flwr's protobuf cannot live beside
+  FedML's); the worker builds the same clients from the same seed and is driven step by step,
+  so its runs alternate with the others too.
+- floor: ``torch.sum`` over every client's flat vector — reading each value once, which is
+  what any aggregation has to do at least.
+
+The state dicts' float tensors are views into the flat vectors, so the clients are held in
+memory once (47 MB each). Implementations that stack the clients (FedLab, torch-stacked)
+need two more copies at their peak; a case is skipped, with a note, when the machine lacks
+that much free memory.
+
+    python -m fedbalance_benchmarks.perf_aggregate [--clients 10 100] [--repeats 5] [--no-flower]
+    fedbalance bench perf-aggregate
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import IO, Any
+
+import numpy as np
+import torch
+
+from fedbalance_benchmarks._flower_agg import Layout, checksum, float_numel, generate
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FLOWER_SCRIPT = Path(__file__).resolve().parent / "_flower_agg.py"
+#: flwr 1.42 wants a certifi newer than this project's registry serves (see DESIGN.md).
+FLOWER_SPEC = "flwr<1.42"
+SEED = 0
+
+#: ~100 k values in a few conv/BatchNorm/linear tensors: the ``--tiny`` smoke run.
+TINY_LAYOUT: Layout = [
+    ("conv1.weight", (16, 3, 3, 3), "float32"),
+    ("bn1.weight", (16,), "float32"),
+    ("bn1.bias", (16,), "float32"),
+    ("bn1.running_mean", (16,), "float32"),
+    ("bn1.running_var", (16,), "float32"),
+    ("bn1.num_batches_tracked", (), "int64"),
+    ("conv2.weight", (64, 16, 3, 3), "float32"),
+    ("bn2.weight", (64,), "float32"),
+    ("bn2.bias", (64,), "float32"),
+    ("bn2.running_mean", (64,), "float32"),
+    ("bn2.running_var", (64,), "float32"),
+    ("bn2.num_batches_tracked", (), "int64"),
+    ("fc.weight", (100, 860), "float32"),
+    ("fc.bias", (100,), "float32"),
+]
+
+
+def resnet18_layout() -> Layout:
+    """(name, shape, dtype) of every tensor in torchvision's ``resnet18(num_classes=1000)``."""
+    import torchvision
+
+    sd = torchvision.models.resnet18(weights=None, num_classes=1000).state_dict()
+    return [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in sd.items()]
+
+
+def numel(layout: Layout) -> int:
+    return sum(int(np.prod(shape)) for _, shape, _ in layout)
+
+
+# -- clients ----------------------------------------------------------------------------------
+@dataclass
+class Clients:
+    """The same clients in every form the implementations take."""
+
+    layout: Layout
+    flats: list[torch.Tensor]  # float tensors concatenated, one per client
+    state_dicts: list[OrderedDict[str, torch.Tensor]]  # float entries are views into flats
+    num_samples: list[int]
+    val_losses: list[float]
+
+    @classmethod
+    def make(cls, layout: Layout, clients: int, seed: int) -> Clients:
+        flats_np, num_samples, val_losses, steps = generate(layout, clients, seed)
+        flats = [torch.from_numpy(f) for f in flats_np]
+        sds = []
+        for flat, step in zip(flats, steps, strict=True):
+            sd: OrderedDict[str, torch.Tensor] = OrderedDict()
+            offset = 0
+            for name, shape, dtype in layout:
+                if dtype.startswith("float"):
+                    size = int(np.prod(shape))
+                    sd[name] = flat[offset : offset + size].view(shape)
+                    offset += size
+                else:
+                    sd[name] = torch.full(shape, int(step), dtype=getattr(torch, dtype))
+            sds.append(sd)
+        return cls(layout, flats, sds, [int(n) for n in num_samples], val_losses.tolist())
+
+    def global_params(self) -> OrderedDict[str, torch.Tensor]:
+        return OrderedDict(
+            (name, torch.zeros(shape, dtype=getattr(torch, dtype)))
+            for name, shape, dtype in self.layout
+        )
+
+    def bytes_per_copy(self) -> int:
+        return sum(f.numel() * f.element_size() for f in self.flats)
+
+
+# -- what is timed ----------------------------------------------------------------------------
+@dataclass
+class Case:
+    """One implementation: ``make()`` (untimed) returns the call that is timed."""
+
+    impl: str
+    operation: str
+    params: int
+    make: Callable[[], Callable[[], Any]] | None
+    note: str | None = None
+    times: list[float] = field(default_factory=list)
+    output: Any = None  # the warm-up's result, for the sanity checks
+
+    def step(self, warmup: bool) -> None:
+        if self.make is None:
+            return
+        call = self.make()
+        start = time.perf_counter()
+        out = call()
+        elapsed = time.perf_counter() - start
+        if warmup:
+            self.output = out
+        else:
+            self.times.append(elapsed)
+        del out
+
+    def record(self, clients: int) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "impl": self.impl,
+            "operation": self.operation,
+            "clients": clients,
+            "params": self.params,
+            "seconds": statistics.median(self.times) if self.times else None,
+            "seconds_all": self.times,
+            "torch_threads": torch.get_num_threads() if self.impl != "flower" else 1,
+        }
+        if self.note:
+            rec["note"] = self.note
+        return rec
+
+
+def mem_available() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (Linux), else ``None``."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def fits(copies: int, c: Clients) -> str | None:
+    """``None`` if ``copies`` more copies of all clients fit in free memory, else why not."""
+    need = copies * c.bytes_per_copy() + (256 << 20)
+    avail = mem_available()
+    if avail is None or avail >= need:
+        return None
+    return f"skipped: needs ~{need / 1e9:.1f} GB free, {avail / 1e9:.1f} GB available"
+
+
+def local_cases(c: Clients) -> list[Case]:
+    from fl_aggregators import FedAvg, FedLoss, FedMedian
+    from fl_aggregators.update import ClientUpdate
+
+    total, flat = numel(c.layout), float_numel(c.layout)
+    global_params = c.global_params()
+    plain = [ClientUpdate(sd, n) for sd, n in zip(c.state_dicts, c.num_samples, strict=True)]
+    with_loss = [
+        ClientUpdate(sd, n, {"val_loss": loss})
+        for sd, n, loss in zip(c.state_dicts, c.num_samples, c.val_losses, strict=True)
+    ]
+    fedavg, fedloss, fedmedian = FedAvg(), FedLoss(), FedMedian()
+    cases = [
+        Case("floor", "read", flat, lambda: lambda: [f.sum() for f in c.flats]),
+        Case("fedbalance", "fedavg", total, lambda: lambda: fedavg.aggregate(global_params, plain)),
+        Case(
+            "fedbalance",
+            "fedloss",
+            total,
+            lambda: lambda: fedloss.aggregate(global_params, with_loss),
+        ),
+        Case(
+            "fedbalance", "median", total, lambda: lambda: fedmedian.aggregate(global_params, plain)
+        ),
+    ]
+
+    try:
+        from fedml.ml.aggregator.agg_operator import FedMLAggOperator
+    except ImportError as e:
+        cases.append(Case("fedml", "fedavg", total, None, f"skipped: FedML not importable ({e})"))
+    else:
+        args = SimpleNamespace(federated_optimizer="FedAvg")
+
+        def fedml_call() -> Callable[[], Any]:
+            # FedML writes the average into client 0's dict: hand it a shallow copy.
+            raw = [(c.num_samples[0], OrderedDict(c.state_dicts[0]))]
+            raw += list(zip(c.num_samples[1:], c.state_dicts[1:], strict=True))
+            return lambda: FedMLAggOperator.agg(args, raw)
+
+        cases.append(Case("fedml", "fedavg", total, fedml_call))
+
+    try:
+        from fedlab.utils.aggregator import Aggregators
+    except ImportError as e:
+        cases.append(Case("fedlab", "fedavg", flat, None, f"skipped: FedLab not importable ({e})"))
+    else:
+        why = fits(2, c)  # the stacked matrix and its weighted copy
+        cases.append(
+            Case(
+                "fedlab",
+                "fedavg",
+                flat,
+                None
+                if why
+                else lambda: lambda: Aggregators.fedavg_aggregate(c.flats, c.num_samples),
+                why,
+            )
+        )
+
+    why = fits(2, c)  # the stacked matrix and median's working copy
+    cases.append(
+        Case(
+            "torch-stacked",
+            "median",
+            flat,
+            None if why else lambda: lambda: torch.median(torch.stack(c.flats), dim=0).values,
+            why,
+        )
+    )
+    return cases
+
+
+# -- Flower, in its own environment -----------------------------------------------------------
+def default_flower_venv() -> Path:
+    """``.venv-flower`` beside a source checkout, else in the user's cache directory."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "benchmarks").is_dir():
+        return root / ".venv-flower"
+    return Path.home() / ".cache" / "fedbalance" / "venv-flower"
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, subprocess.CalledProcessError):
+        tail = (e.stderr or e.stdout or "").strip().splitlines()[-3:]
+        return f"`{' '.join(map(str, e.cmd))}` failed: {' | '.join(tail)}"
+    return f"{type(e).__name__}: {e}"
+
+
+def ensure_flower(venv: Path) -> tuple[Path | None, str | None]:
+    """Python of a virtual environment with flwr, created on first use; or why there is none."""
+    bindir = "Scripts" if os.name == "nt" else "bin"
+    python = venv / bindir / ("python.exe" if os.name == "nt" else "python")
+    probe = [str(python), "-I", "-c", "import flwr.server.strategy.aggregate"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return python, None
+    print(f"setting up Flower's environment in {venv} (once) ...", flush=True)
+    try:
+        if not python.exists():
+            subprocess.run(
+                [sys.executable, "-m", "venv", str(venv)],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run(
+            [*pip, FLOWER_SPEC, "numpy"], check=True, capture_output=True, text=True, timeout=1800
+        )
+        subprocess.run(probe, check=True, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"skipped: no Flower environment at {venv}: {_why(e)}"
+    return python, None
+
+
+class FlowerWorker:
+    """``_flower_agg.py`` in Flower's python, driven one JSON line at a time."""
+
+    def __init__(self, python: Path, layout: Layout, clients: int, seed: int) -> None:
+        self.log: IO[str] = tempfile.TemporaryFile("w+")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        env["OMP_NUM_THREADS"] = "1"  # numpy's element-wise ops are single-threaded anyway
+        self.proc = subprocess.Popen(
+            [str(python), "-I", str(FLOWER_SCRIPT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
+        self._send({"cmd": "setup", "layout": layout, "clients": clients, "seed": seed})
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            rc = self.proc.wait()
+            self.log.seek(0)
+            tail = " | ".join(self.log.read().strip().splitlines()[-3:])
+            raise RuntimeError(f"Flower worker exited with code {rc}: {tail}")
+        return dict(json.loads(line))
+
+    def run(self, check: bool) -> dict[str, Any]:
+        self._send({"cmd": "run", "check": check})
+        return self.reply()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self._send({"cmd": "quit"})
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@dataclass
+class FlowerStep:
+    """Both Flower operations as one step of a repeat (one round trip to the worker)."""
+
+    worker: FlowerWorker | None
+    avg: Case
+    med: Case
+    check: dict[str, Any] | None = None
+
+    def step(self, warmup: bool) -> None:
+        if self.worker is None:
+            return
+        try:
+            got = self.worker.run(check=warmup)
+        except (OSError, RuntimeError, ValueError) as e:
+            self.avg.note = self.med.note = f"failed: {e}"
+            self.worker = None
+            return
+        if warmup:
+            self.check = got["check"]
+        else:
+            self.avg.times.append(got["aggregate"])
+            self.med.times.append(got["aggregate_median"])
+
+
+# -- sanity checks ----------------------------------------------------------------------------
+def _float_flat(layout: Layout, params: Any) -> torch.Tensor:
+    return torch.cat(
+        [
+            params[name].reshape(-1).to(torch.float64)
+            for name, _, dtype in layout
+            if dtype.startswith("float")
+        ]
+    )
+
+
+def sanity_checks(
+    layout: Layout, cases: Sequence[Case], flower: dict[str, Any] | None
+) -> list[tuple[str, bool]]:
+    """Compare the warm-up results: fedbalance's FedAvg against FedML, FedLab and Flower."""
+    out = {(c.impl, c.operation): c.output for c in cases if c.output is not None}
+    checks: list[tuple[str, bool]] = []
+    ours = out.get(("fedbalance", "fedavg"))
+    if ours is None:
+        return checks
+    ours_sd = ours.params
+    ours_flat = _float_flat(layout, ours_sd)
+
+    def compare(label: str, theirs: torch.Tensor) -> None:
+        diff = float((ours_flat - theirs.to(torch.float64)).abs().max())
+        ok = bool(torch.allclose(ours_flat, theirs.to(torch.float64), rtol=1e-5, atol=1e-6))
+        checks.append((f"fedbalance fedavg vs {label}: max abs diff {diff:.2e}", ok))
+
+    if ("fedml", "fedavg") in out:
+        fedml_sd = out[("fedml", "fedavg")]
+        compare("FedML", _float_flat(layout, fedml_sd))
+        ints = [n for n, _, d in layout if not d.startswith("float")]
+        # FedML averages int buffers into floats; fedbalance rounds them back to int64.
+        int_ok = all(
+            float((ours_sd[n].to(torch.float64) - fedml_sd[n].to(torch.float64)).abs().max())
+            <= 0.5 + 1e-3
+            for n in ints
+        )
+        checks.append(
+            (f"fedbalance int buffers (x{len(ints)}) == round(FedML's float average)", int_ok)
+        )
+    if ("fedlab", "fedavg") in out:
+        compare("FedLab", out[("fedlab", "fedavg")])
+    if flower is not None:
+        ours_med = out.get(("fedbalance", "median"))
+        for op, mine in (("fedavg", ours_sd), ("median", ours_med.params if ours_med else None)):
+            if mine is None:
+                continue
+            a = checksum(layout, [t.numpy() for t in mine.values()])
+            b = flower[op]
+            ok = bool(
+                np.allclose(a["head"], b["head"], rtol=1e-5, atol=1e-6)
+                and np.isclose(a["abs_sum"], b["abs_sum"], rtol=1e-5)
+                and np.isclose(a["sum"], b["sum"], rtol=1e-4, atol=1e-6 * a["abs_sum"])
+            )
+            checks.append((f"fedbalance {op} vs Flower: sum {a['sum']:.6g} vs {b['sum']:.6g}", ok))
+    return checks
+
+
+# -- the run ----------------------------------------------------------------------------------
+def run_clients(
+    layout: Layout, clients: int, repeats: int, flower_python: Path | None, flower_note: str | None
+) -> tuple[list[dict[str, Any]], list[tuple[str, bool]], dict[str, Any]]:
+    total = numel(layout)
+    worker = None
+    info: dict[str, Any] = {}
+    avg = Case("flower", "fedavg", total, None, flower_note)
+    med = Case("flower", "median", total, None, flower_note)
+    if flower_python is not None:
+        # Started first: it builds its copy of the clients while this process builds its own.
+        worker = FlowerWorker(flower_python, layout, clients, SEED)
+    start = time.perf_counter()
+    c = Clients.make(layout, clients, SEED)
+    print(f"{clients} clients: generated in {time.perf_counter() - start:.1f} s", flush=True)
+    flower = FlowerStep(worker, avg, med)
+    if worker is not None:
+        try:
+            info = worker.reply()
+        except (OSError, RuntimeError, ValueError) as e:
+            avg.note = med.note = f"failed: {e}"
+            flower.worker = None
+    cases = local_cases(c)  # after Flower holds its clients: the memory checks count them
+    steps: list[Case | FlowerStep] = [*cases, flower]
+    try:
+        for r in range(-1, repeats):
+            # Rotate the order each repeat so no implementation always follows the same one.
+            k = max(r, 0) % len(steps)
+            for s in steps[k:] + steps[:k]:
+                s.step(warmup=r < 0)
+                gc.collect()
+            print(
+                f"{clients} clients: {'warm-up' if r < 0 else f'repeat {r + 1}'} done", flush=True
+            )
+        checks = sanity_checks(layout, cases, flower.check)
+    finally:
+        if worker is not None:
+            worker.close()
+    records = [s.record(clients) for s in cases]
+    if flower_python is not None or flower_note:
+        records += [avg.record(clients), med.record(clients)]
+    for case in cases:
+        case.output = None
+    del c, cases, flower, steps
+    gc.collect()
+    return records, checks, info
+
+
+def run(
+    clients: Sequence[int] = (10, 100),
+    repeats: int = 5,
+    flower: bool = True,
+    tiny: bool = False,
+    out_dir: Path = RESULTS,
+    flower_venv: Path | None = None,
+) -> tuple[list[dict[str, Any]], bool]:
+    """Run every case; returns the records and whether every sanity check passed."""
+    layout = TINY_LAYOUT if tiny else resnet18_layout()
+    flower_python, flower_note = None, None
+    if flower:
+        flower_python, flower_note = ensure_flower(flower_venv or default_flower_venv())
+        if flower_note:
+            print(flower_note, flush=True)
+    records: list[dict[str, Any]] = []
+    checks: list[tuple[str, bool]] = []
+    info: dict[str, Any] = {}
+    for k in clients:
+        recs, chk, inf = run_clients(layout, k, repeats, flower_python, flower_note)
+        records += recs
+        checks += [(f"{k} clients: {text}", ok) for text, ok in chk]
+        info = info or inf
+    write(records, checks, info, layout, out_dir, repeats)
+    return records, all(ok for _, ok in checks)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = [f"torch {torch.__version__}", f"numpy {np.__version__}"]
+    for dist in ("fedml", "fedlab"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            pass
+    return ", ".join(parts)
+
+
+def write(
+    records: list[dict[str, Any]],
+    checks: list[tuple[str, bool]],
+    flower_info: dict[str, Any],
+    layout: Layout,
+    out_dir: Path,
+    repeats: int,
+) -> None:
+    from fl_adapters._table import markdown_table
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def ref(impl: str, op: str, k: int) -> float | None:
+        for r in records:
+            if (r["impl"], r["operation"], r["clients"]) == (impl, op, k):
+                return r["seconds"]
+        return None
+
+    rows = []
+    for r in records:
+        fedml, floor = ref("fedml", "fedavg", r["clients"]), ref("floor", "read", r["clients"])
+        s = r["seconds"]
+        rows.append(
+            [
+                r["impl"],
+                r["operation"],
+                r["clients"],
+                r["params"],
+                s if s is not None else r.get("note"),
+                f"{s / fedml:.2f}x" if s and fedml else "-",
+                f"{s / floor:.2f}x" if s and floor else "-",
+            ]
+        )
+    table = markdown_table(
+        ["impl", "operation", "clients", "params", "median s", "vs FedML fedavg", "vs floor"], rows
+    )
+    mem = mem_available()
+    flower_line = (
+        f"Flower: flwr {flower_info['flwr']}, numpy {flower_info['numpy']}, in its own "
+        f"virtual environment and process, numpy single-threaded."
+        if flower_info
+        else "Flower: not measured."
+    )
+    header = (
+        f"# Aggregation speed (ResNet-18 state dict: {len(layout)} tensors, "
+        f"{numel(layout):,} values)\n\n"
+        f"Median of {repeats} runs after one warm-up, implementations alternating inside each "
+        f"repeat; {_cpu_name()}, {mp.cpu_count()} cores, "
+        f"{(mem or 0) / 1e9:.0f} GB free at the end, torch {torch.get_num_threads()} threads.\n"
+        f"{_versions()}. {flower_line}\n"
+        f"Regenerate: `fedbalance bench perf-aggregate`.\n\n"
+        f"`params`: values aggregated per client (flat vectors carry the float tensors only, "
+        f"not the int64 BatchNorm counters). `floor`: `torch.sum` over each client's flat "
+        f"vector, i.e. reading every value once. torch-stacked median is `torch.median`, the "
+        f"lower middle value for an even client count.\n\n"
+    )
+    sanity = "Sanity checks (warm-up results):\n\n" + "\n".join(
+        f"- {'ok' if ok else 'MISMATCH'}: {text}" for text, ok in checks
+    )
+    text = header + table + "\n\n" + sanity + "\n"
+    (out_dir / "perf_aggregate.md").write_text(text)
+    (out_dir / "perf_aggregate.json").write_text(json.dumps(records, indent=1) + "\n")
+    print(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-flower", action="store_true", help="skip the Flower comparison")
+    ap.add_argument(
+        "--flower-venv",
+        type=Path,
+        default=None,
+        help="virtual environment for flwr, created on first use "
+        "(default: .venv-flower in a source checkout, else ~/.cache/fedbalance/venv-flower)",
+    )
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="smoke run: ~100 k values, 3 clients, 1 repeat, no Flower, results in a temp dir",
+    )
+    ap.add_argument("--out", type=Path, default=None, help=f"results directory (default {RESULTS})")
+    a = ap.parse_args(argv)
+    if min(a.clients) < 1 or a.repeats < 1:
+        ap.error(f"--clients and --repeats must be >= 1, got {a.clients} and {a.repeats}")
+    if a.tiny:
+        out = a.out or Path(tempfile.gettempdir()) / "fedbalance-perf-aggregate-tiny"
+        _, ok = run((3,), 1, False, True, out)
+    else:
+        _, ok = run(a.clients, a.repeats, not a.no_flower, False, a.out or RESULTS, a.flower_venv)
+    if not ok:
+        print("sanity check failed: implementations disagree (see above)", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
