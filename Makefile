@@ -37,6 +37,7 @@ demo: setup
 
 lint: setup
 	$(PY) -m ruff check fl_aggregators fl_partitions adapters benchmarks tests
+	$(PY) -m ruff format --check fl_aggregators fl_partitions adapters benchmarks tests
 	$(PY) -m mypy
 
 test: lint
