@@ -114,7 +114,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from fl_adapters.demo import run_demo
 
     return run_demo(
-        out_dir=Path(args.out), clients=args.clients, seed=args.seed, data_dir=args.data_dir
+        out_dir=Path(args.out),
+        clients=args.clients,
+        seed=args.seed,
+        data_dir=args.data_dir,
+        train=not args.no_train,
     )
 
 
@@ -175,6 +179,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 #: ``fedbalance bench NAME`` -> module with ``main(argv)``; runnable from an installed wheel.
 BENCHES = {
+    "fedlab-overhead": "fedbalance_benchmarks.perf_fedlab_overhead",
     "perf-aggregate": "fedbalance_benchmarks.perf_aggregate",
     "perf-partition": "fedbalance_benchmarks.perf_partition",
     "thesis": "fedbalance_benchmarks.thesis",
@@ -247,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=positive_int, default=30)
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--data-dir")
+    p.add_argument("--no-train", action="store_true", help="partitions only, no training")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="run a federated experiment from a YAML config")

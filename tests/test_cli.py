@@ -173,9 +173,70 @@ def test_argparse_rejects_non_positive_clients(tmp_path: Path, capsys) -> None: 
 
 
 def test_demo_prints_the_five_scenarios(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["demo", "--out", str(tmp_path), "--clients", "10"]) == 0
+    assert main(["demo", "--out", str(tmp_path), "--clients", "10", "--no-train"]) == 0
     out = capsys.readouterr().out
     for scenario in ("iid", "label", "quantity", "feature", "mixed"):
         assert f"| {scenario} " in out
     assert (tmp_path / "partitions.md").read_text().count("\n") == 7
     assert (tmp_path / "mixed_noise.png").exists() and (tmp_path / "label_bars.png").exists()
+
+
+@pytest.mark.slow
+def test_quick_thesis_bench_writes_tables_and_plots(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code = main(
+        [
+            "bench",
+            "thesis",
+            "--quick",
+            "--dataset",
+            "digits",
+            "--rounds",
+            "2",
+            "--workers",
+            "1",
+            "--scenarios",
+            "iid",
+            "mixed",
+            "--aggregators",
+            "fedavg",
+            "fedloss",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    table = (tmp_path / "thesis_digits_quick.md").read_text()
+    assert (
+        "### iid" in table and "### mixed" in table and "| fedloss " in table and "acc@2" in table
+    )
+    doc = json.loads((tmp_path / "thesis_digits_quick.json").read_text())
+    assert len(doc["runs"]) == 4 and all(len(r["accuracy"]) == 2 for r in doc["runs"])
+    assert (tmp_path / "thesis_digits_quick_mixed.png").stat().st_size > 1000
+    # a second call resumes: nothing is re-run, the table is the same
+    assert (
+        main(
+            [
+                "bench",
+                "thesis",
+                "--quick",
+                "--dataset",
+                "digits",
+                "--rounds",
+                "2",
+                "--workers",
+                "1",
+                "--scenarios",
+                "iid",
+                "mixed",
+                "--aggregators",
+                "fedavg",
+                "fedloss",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    assert (tmp_path / "thesis_digits_quick.md").read_text().split("\n", 4)[4] == table.split(
+        "\n", 4
+    )[4]
