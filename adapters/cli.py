@@ -170,6 +170,51 @@ def cmd_fedlab_client(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_astraea_plan(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from fl_aggregators.astraea_plan import (
+        assign_mediators,
+        check_counts,
+        client_kl,
+        expected_counts_after,
+        mediator_kl,
+        plan_rebalance,
+    )
+
+    try:
+        doc = json.loads(Path(args.class_counts).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"--class-counts {args.class_counts}: cannot read JSON ({e})") from e
+    counts = check_counts(doc, "--class-counts")
+    clients = list(range(counts.shape[0]))
+    if args.clients_per_round is not None:
+        if args.clients_per_round > len(clients):
+            raise UsageError(
+                f"--clients-per-round must be at most the number of clients ({len(clients)}), "
+                f"got {args.clients_per_round}"
+            )
+        rng = np.random.default_rng(args.seed)
+        clients = sorted(
+            int(c) for c in rng.choice(len(clients), args.clients_per_round, replace=False)
+        )
+    plan = plan_rebalance(counts, args.tau_d)
+    after = expected_counts_after(counts, plan)
+    groups = assign_mediators(after[clients], args.gamma)
+    mediators = [[clients[i] for i in g] for g in groups]
+    out = {
+        **plan.as_dict(),
+        "gamma": args.gamma,
+        "clients": clients,
+        "mediators": mediators,
+        "kl": mediator_kl(after, mediators),
+        "client_kl_before": client_kl(counts),
+        "client_kl_after": client_kl(after),
+    }
+    print(json.dumps(out, indent=1))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
@@ -283,6 +328,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=positive_int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.set_defaults(func=cmd_fedlab_client)
+
+    p = sub.add_parser("astraea", help="Astraea tools")
+    astraea = p.add_subparsers(dest="astraea_command", required=True, parser_class=_Parser)
+    p = astraea.add_parser("plan", help="z-score rebalancing plan and mediator assignment as JSON")
+    p.add_argument(
+        "--class-counts", required=True, help="JSON list of lists: clients x classes counts"
+    )
+    p.add_argument(
+        "--tau-d", type=float, default=3.5, help="downsampling threshold tau_d > 0 (default 3.5)"
+    )
+    p.add_argument(
+        "--gamma", type=positive_int, default=10, help="max clients per mediator (default 10)"
+    )
+    p.add_argument(
+        "--clients-per-round",
+        type=positive_int,
+        default=None,
+        help="plan for a random sample of this many clients (default: all)",
+    )
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of that sample")
+    p.set_defaults(func=cmd_astraea_plan)
 
     p = sub.add_parser("bench", help="run a bundled benchmark (extra arguments go to it)")
     p.add_argument("suite", choices=sorted(BENCHES))

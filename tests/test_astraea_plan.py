@@ -1,0 +1,129 @@
+"""Astraea's planning: z-scores and Rad by hand, the stated range, greedy mediators by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fl_adapters.cli import main
+from fl_aggregators.astraea_plan import assign_mediators, mediator_kl, plan_rebalance
+
+
+def test_plan_by_hand() -> None:
+    # C = [1000, 100 x 9]: mu = 190, deviations 810 and -90 -> sigma = sqrt(72900) = 270,
+    # Z = [3, -1/3 x 9].
+    plan = plan_rebalance([1000] + [100] * 9, tau_d=2.5)
+    assert plan.mu == 190 and plan.sigma == 270
+    assert plan.z.tolist() == pytest.approx([3.0] + [-1 / 3] * 9)
+    assert plan.downsample == [0] and plan.augment == []  # -1/3 is above tau_a = -0.4
+    assert plan.rad[0] == pytest.approx((190 + 270 * math.sqrt(3 * 2.5)) / 1000)  # 0.92942...
+    assert plan.rad[1:].tolist() == [1.0] * 9
+
+
+def test_minority_augmentation_by_hand() -> None:
+    # C = [10, 100, 100, 100]: mu = 77.5, sigma = sqrt((67.5^2 + 3 * 22.5^2) / 4) = 38.971...
+    sizes = np.array([10.0, 100, 100, 100])
+    mu, sigma = 77.5, float(np.sqrt((67.5**2 + 3 * 22.5**2) / 4))
+    plan = plan_rebalance(sizes, tau_d=1.0)  # tau_a = -1
+    z0 = (10 - mu) / sigma  # -1.732
+    assert plan.augment == [0] and plan.downsample == []
+    assert plan.rad[0] == pytest.approx((mu - sigma * math.sqrt(z0 * -1.0)) / 10)
+    assert plan.rad[0] > 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 100_000), min_size=2, max_size=30), tau_d=st.floats(0.2, 4.0))
+def test_rescaled_sizes_fall_in_the_papers_stated_ranges(sizes: list[int], tau_d: float) -> None:
+    plan = plan_rebalance(sizes, tau_d)
+    c = np.asarray(sizes, dtype=float)
+    after = c * plan.rad
+    tau_a = -1 / tau_d
+    for y in plan.augment:  # expected size in (C_y, sigma * tau_a + mu)
+        assert c[y] < after[y] <= plan.sigma * tau_a + plan.mu + 1e-9
+    for y in plan.downsample:  # mirrored: in (mu + sigma * tau_d, C_y)
+        assert plan.mu + plan.sigma * tau_d - 1e-9 <= after[y] < c[y]
+    untouched = set(range(len(sizes))) - set(plan.augment) - set(plan.downsample)
+    assert all(plan.rad[y] == 1 for y in untouched)
+
+
+def test_balanced_data_is_left_alone() -> None:
+    plan = plan_rebalance([50, 50, 50])
+    assert (
+        plan.sigma == 0 and plan.rad.tolist() == [1, 1, 1] and plan.augment == plan.downsample == []
+    )
+
+
+COUNTS = [[10, 0, 0], [0, 10, 0], [0, 0, 10], [5, 5, 0], [0, 0, 5]]
+
+
+def test_greedy_mediators_by_hand() -> None:
+    # Mediator 1 starts with the client closest to uniform: client 3 (KL log 1.5 < log 3).
+    # Adding client 4 gives [5, 5, 5] (KL 0) -> [3, 4]. Then clients 0, 1, 2 tie at log 3:
+    # lowest id 0; with 0, clients 1 and 2 tie at log 1.5: lowest id 1 -> [0, 1], then [2].
+    assert assign_mediators(COUNTS, gamma=2) == [[3, 4], [0, 1], [2]]
+    assert mediator_kl(COUNTS, [[3, 4], [0, 1], [2]]) == pytest.approx(
+        [0.0, math.log(1.5), math.log(3)]
+    )
+    assert assign_mediators(COUNTS, gamma=5) == [[3, 4, 0, 1, 2]]
+    # One client each: client 3 first (closest to uniform), then the single-class ties by id.
+    assert assign_mediators(COUNTS, gamma=1) == [[3], [0], [1], [2], [4]]
+
+
+def test_mediators_reduce_kl_on_skewed_clients() -> None:
+    rng = np.random.default_rng(0)
+    counts = np.zeros((40, 10))
+    for i in range(40):  # two classes per client
+        counts[i, rng.choice(10, 2, replace=False)] = rng.integers(20, 200, 2)
+    mediators = assign_mediators(counts, gamma=8)
+    client_kl = np.mean([mediator_kl(counts, [[i]])[0] for i in range(40)])
+    assert sorted(c for m in mediators for c in m) == list(range(40))
+    assert np.mean(mediator_kl(counts, mediators)) < 0.25 * client_kl
+    assert assign_mediators(counts, 8) == mediators  # deterministic
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: plan_rebalance([1, 2], tau_d=0), "tau_d must be a finite float > 0"),
+        (lambda: plan_rebalance([1, -2]), "class sizes must be >= 2 non-negative finite numbers"),
+        (
+            lambda: assign_mediators(COUNTS, gamma=0),
+            "gamma must be an int >= 1 (clients per mediator), got 0",
+        ),
+        (lambda: assign_mediators([[1, 2], [3]], gamma=2), "clients x classes matrix"),
+    ],
+    ids=["tau-d", "negative-size", "gamma", "ragged"],
+)
+def test_bad_input_is_a_clear_error(call, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError) as err:
+        call()
+    assert message in str(err.value)
+
+
+def test_cli_plan_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    f = tmp_path / "counts.json"
+    f.write_text(json.dumps([[900, 10, 5], [800, 20, 0], [50, 60, 70], [10, 40, 300]]))
+    assert (
+        main(["astraea", "plan", "--class-counts", str(f), "--tau-d", "0.5", "--gamma", "2"]) == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert {"z", "augment", "downsample", "rad", "mediators", "kl"} <= set(doc)
+    assert len(doc["z"]) == 3 and len(doc["rad"]) == 3 and len(doc["kl"]) == len(doc["mediators"])
+    assert sorted(c for m in doc["mediators"] for c in m) == [0, 1, 2, 3]
+    assert doc["downsample"] == [0] and doc["rad"][0] < 1
+
+
+def test_cli_plan_rejects_bad_values(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    f = tmp_path / "counts.json"
+    f.write_text("[[1, 2], [3, -4]]")
+    assert main(["astraea", "plan", "--class-counts", str(f)]) == 2
+    assert "--class-counts must be finite and >= 0" in capsys.readouterr().err
+    f.write_text("[[1, 2]]")
+    assert main(["astraea", "plan", "--class-counts", str(f), "--tau-d", "0"]) == 2
+    assert "tau_d must be a finite float > 0" in capsys.readouterr().err
