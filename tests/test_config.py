@@ -1,0 +1,70 @@
+"""Run configs are validated at the boundary: every error names the field, range and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fl_adapters.cli import main
+from fl_adapters.config import ConfigError, RunConfig
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("framework", "flower", "framework must be one of fedlab, fedlab-distributed"),
+        ("rounds", 0, "rounds must be an int >= 1, got 0"),
+        ("rounds", 2.5, "rounds must be an int >= 1, got 2.5"),
+        ("lr", -0.1, "lr must be a finite float > 0.0, got -0.1"),
+        ("lr", float("nan"), "lr must be a finite float > 0.0, got nan"),
+        ("clients_per_round", 31, "clients_per_round must be between 1 and num_clients=30, got 31"),
+        ("optimizer", "adagrad", "optimizer must be one of adam, sgd; got 'adagrad'"),
+        ("dataset", "imagenet", "dataset must be one of fmnist, digits"),
+        ("split", [0.5, 0.5], "split must be three fractions"),
+        ("partition", 3, "partition must be a mapping with a 'name', got 3"),
+        ("aggregator_args", [1], "aggregator_args must be a mapping, got [1]"),
+        ("batch_size", True, "batch_size must be an int >= 1, got True"),
+    ],
+    ids=lambda v: str(v)[:20],
+)
+def test_bad_field_names_field_range_and_value(field: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict({field: value})
+    assert message in str(err.value)
+
+
+def test_unknown_keys_are_rejected_with_the_allowed_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) 'round'; allowed: .*rounds"):
+        RunConfig.from_dict({"round": 5})
+
+
+def test_defaults_are_the_thesis_setting() -> None:
+    cfg = RunConfig()
+    assert (cfg.num_clients, cfg.clients_per_round, cfg.rounds, cfg.local_epochs) == (30, 5, 50, 10)
+    assert (cfg.optimizer, cfg.lr, cfg.batch_size, cfg.split) == ("adam", 1e-3, 64, [0.7, 0.1, 0.2])
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("rounds: -3\n", "rounds must be an int >= 1, got -3"),
+        ("aggregator: fedlos\n", "did you mean 'fedloss'?"),
+        (
+            "aggregator: fedavgm\naggregator_args: {beta: 2}\n",
+            "beta must be a float in [0.0, 1.0), got 2",
+        ),
+        ("- just\n- a list\n", "a run config must be a mapping, got list"),
+        ("rounds: [\n", "cannot read a YAML mapping"),
+    ],
+    ids=["negative-rounds", "typo", "bad-aggregator-arg", "not-a-mapping", "bad-yaml"],
+)
+def test_fedbalance_run_exits_2_before_any_work(
+    tmp_path: Path, capsys, yaml_text: str, message: str
+) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("dataset: digits\n" + yaml_text if not yaml_text.startswith("-") else yaml_text)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
