@@ -40,7 +40,9 @@ def _cast_back(acc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return acc.to(dtype)
     if dtype == torch.bool:
         return acc >= 0.5
-    return torch.round(acc).to(dtype)
+    # Round to 6 decimals first: summation order moves an exact .5 by one ulp either way,
+    # which would make the result depend on the order of the clients.
+    return torch.round(torch.round(acc, decimals=6)).to(dtype)
 
 
 def weighted_mean(tensors: Sequence[torch.Tensor], weights: torch.Tensor) -> torch.Tensor:

@@ -309,3 +309,11 @@ def test_median_matches_numpy(k: int, monkeypatch) -> None:  # type: ignore[no-u
     ts = [torch.randn(3, 1111) for _ in range(k)]
     expected = np.median(np.stack([t.numpy() for t in ts]), axis=0)
     assert np.allclose(median(ts).numpy(), expected)
+
+
+def test_integer_average_on_a_half_does_not_depend_on_client_order() -> None:
+    # Weights 0.3/0.7 of 5 and 20 give 15.5 up to one ulp, on either side depending on order.
+    ups = [ClientUpdate(torch.tensor(5), 3), ClientUpdate(torch.tensor(20), 7)]
+    a = FedAvg().aggregate(torch.tensor(0), ups).params
+    b = FedAvg().aggregate(torch.tensor(0), ups[::-1]).params
+    assert a.dtype == torch.int64 and int(a) == int(b) == 16  # round half to even
