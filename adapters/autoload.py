@@ -7,7 +7,8 @@ that package's ``__init__``:
 
 * FedLab: armed only when ``FEDBALANCE_AGGREGATOR`` is set (see
   :mod:`fl_adapters.fedlab.autoload`); inert otherwise.
-* FedML: to come (issue 6), through the same finder.
+* FedML: armed on every import, but inert unless the host's config names a fedbalance
+  aggregator (see :mod:`fl_adapters.fedml.adapter`).
 
 Turn it off with ``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1``. This module imports nothing heavy:
 it runs in every Python process of the environment.
@@ -26,7 +27,7 @@ from typing import Any
 
 DISABLE_ENV = "FEDBALANCE_DISABLE_HOST_AUTOLOAD"
 #: top-level host package -> module whose ``arm()`` adapts it
-HOOKS = {"fedlab": "fl_adapters.fedlab.autoload"}
+HOOKS = {"fedlab": "fl_adapters.fedlab.autoload", "fedml": "fl_adapters.fedml.adapter"}
 
 
 def disabled() -> bool:

@@ -1,0 +1,315 @@
+"""Puts fedbalance aggregators into an unmodified FedML 0.9.6 deployment.
+
+FedML has no aggregator registry, so :func:`arm` (run right after ``import fedml`` by
+fedbalance's autoload, see :mod:`fl_adapters.autoload`) wraps the one aggregation point and the
+client training of each mode. Every wrapper decides on each call from ``self.args``: when the
+host's flattened args name a fedbalance aggregator (``aggregator: fedloss`` in any YAML
+section, optional ``aggregator_args:`` mapping) it runs fedbalance's path, otherwise FedML's
+own method, untouched. Deciding per call (not in ``FedMLRunner``) also covers scripts that
+build FedML's simulators, ``Server`` or ``Client`` directly.
+
+==================  ===========================================  ====================================
+mode                client training                              aggregation
+==================  ===========================================  ====================================
+sp simulation       ``fedml.simulation.sp.fedavg.client.Client``  ``FedAvgAPI._aggregate``
+MPI simulation      ``FedAVGTrainer.train``                       ``FedAVGAggregator.aggregate``
+cross-silo          ``FedMLTrainer.train``                        ``FedMLAggregator.aggregate``
+==================  ===========================================  ====================================
+
+An unknown name stops the run in ``fedml.init()`` (and ``FedMLRunner(...)``), before any
+training, with the registry's message. Keep ``federated_optimizer: FedAvg`` in the config.
+
+Clients hold out a validation split of their training data (``val_fraction``, default 0.1,
+deterministic per client and ``random_seed``) when the aggregator needs ``val_loss``, train on
+the rest with the host's trainer, and send the loss inside the params payload
+(:mod:`.payload`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from fl_adapters._training import evaluate, stream_seed
+from fl_adapters.fedml.payload import attach, strip
+from fl_aggregators import Aggregator, ClientUpdate
+
+log = logging.getLogger(__name__)
+
+HOSTS = {
+    ("simulation", "sp"): "fedml-sp",
+    ("simulation", "MPI"): "fedml-mpi",
+    ("cross_silo", "MPI"): "fedml-cross-silo",
+}
+STATE: dict[str, Any] = {}
+
+
+def settings(args: Any) -> tuple[str, dict[str, Any]] | None:
+    name = getattr(args, "aggregator", None)
+    if name is None or (isinstance(name, str) and not name.strip()):
+        return None
+    if not isinstance(name, str):
+        raise ValueError(f"aggregator must be a fedbalance plugin name, got {name!r}")
+    extra = getattr(args, "aggregator_args", None) or {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"aggregator_args must be a mapping, got {extra!r}")
+    return name.strip(), extra
+
+
+# -- client side ---------------------------------------------------------------------------------
+def split_train_val(data: Any, client: int, seed: int, fraction: float) -> tuple[Any, Any]:
+    """A client's FedML training data split into (train, validation), deterministically."""
+    if isinstance(data, DataLoader):
+        n = len(data.dataset)  # type: ignore[arg-type]
+        perm = torch.randperm(
+            n, generator=torch.Generator().manual_seed(stream_seed("fedml-val", seed, client))
+        )
+        n_val = int(round(n * fraction)) if n > 1 else 0
+        bs = data.batch_size or 1
+        train = DataLoader(Subset(data.dataset, perm[n_val:].tolist()), batch_size=bs, shuffle=True)
+        val = DataLoader(Subset(data.dataset, perm[:n_val].tolist()), batch_size=bs, shuffle=False)
+        return train, val
+    batches = list(data)  # FedML's own loaders also hand out lists of (x, y) batches
+    n_val = int(round(len(batches) * fraction)) if len(batches) > 1 else 0
+    return batches[: len(batches) - n_val], batches[len(batches) - n_val :]
+
+
+def validation_loss(model_trainer: Any, val: Any, device: Any, args: Any) -> float | None:
+    """Mean loss of the trainer's model on ``val`` (the trainer's ``test`` when it reports it)."""
+    if not val or (isinstance(val, DataLoader) and len(val.dataset) == 0):  # type: ignore[arg-type]
+        return None
+    try:
+        metrics = model_trainer.test(val, device, args)
+        if isinstance(metrics, dict) and metrics.get("test_total"):
+            return float(metrics["test_loss"]) / float(metrics["test_total"])
+    except (NotImplementedError, TypeError, AttributeError):
+        pass
+    model = model_trainer.model
+    if isinstance(val, DataLoader):
+        return evaluate(model, val.dataset)[0]
+    xs = torch.cat([x for x, _ in val])
+    ys = torch.cat([y for _, y in val])
+    return evaluate(model, torch.utils.data.TensorDataset(xs, ys))[0]
+
+
+def train_with_validation(
+    model_trainer: Any, w_global: Any, data: Any, client: int, device: Any, args: Any
+) -> OrderedDict[str, Any]:
+    """Host trainer's ``train`` on the train part, then the validation loss, into the payload."""
+    need_val = STATE["need_val"]
+    train, val = (
+        split_train_val(data, client, STATE["seed"], STATE["val_fraction"])
+        if need_val
+        else (data, None)
+    )
+    if w_global is not None:
+        model_trainer.set_model_params(w_global)
+    model_trainer.train(train, device, args)
+    weights = model_trainer.get_model_params()
+    loss = validation_loss(model_trainer, val, device, args) if need_val else None
+    return attach(weights, client, loss)
+
+
+# -- server side ---------------------------------------------------------------------------------
+def aggregate(model_list: list[tuple[Any, Any]], global_params: Any) -> OrderedDict[str, Any]:
+    """fedbalance aggregation of FedML's ``[(sample_num, params), ...]``; returns clean params."""
+    agg: Aggregator = STATE["aggregator"]
+    updates = []
+    for i, (n, params) in enumerate(model_list):
+        clean, client, loss = strip(params)
+        updates.append(
+            ClientUpdate(
+                params=clean,
+                num_samples=int(n),
+                metrics={} if loss is None else {"val_loss": loss},
+                client_id=client if client is not None else f"#{i}",
+            )
+        )
+    reference, _, _ = strip(global_params)
+    reference = OrderedDict((k, v.detach().cpu()) for k, v in reference.items())
+    result = agg.aggregate(reference, updates, host=STATE["host"])
+    params = result.params
+    if isinstance(params, torch.Tensor):  # cannot happen for a state dict input
+        raise TypeError("FedML parameters must be a state dict")
+    return OrderedDict(params.items())
+
+
+def state_for(args: Any, host: str) -> dict[str, Any] | None:
+    """fedbalance's aggregator and settings for ``args`` in ``host`` (``None``: stock FedML)."""
+    chosen = settings(args)
+    if chosen is None:
+        return None
+    name, extra = chosen
+    key = (host, name, repr(sorted(extra.items())))
+    if STATE.get("key") != key:  # one aggregator (and its state) per process and setting
+        from fl_adapters.registry import get_registry
+
+        registry = get_registry()
+        cls = registry.aggregator(name)
+        STATE.clear()
+        STATE.update(
+            key=key,
+            name=name,
+            host=host,
+            aggregator=registry.make_aggregator(name, **extra),
+            need_val="val_loss" in getattr(cls, "required_metrics", ()),
+            val_fraction=float(getattr(args, "val_fraction", 0.1)),
+            seed=int(getattr(args, "random_seed", 0) or 0),
+        )
+        log.info("fedbalance: FedML %s aggregates with %r %s", host, name, extra or "")
+    return STATE
+
+
+def validate(args: Any) -> None:
+    """Fail fast on an unknown aggregator name or bad arguments (before any training)."""
+    chosen = settings(args)
+    if chosen is None:
+        return
+    from fl_adapters.registry import get_registry
+
+    get_registry().make_aggregator(chosen[0], **chosen[1])
+    mode = (str(getattr(args, "training_type", "")), str(getattr(args, "backend", "")))
+    if mode not in HOSTS:
+        raise ValueError(
+            f"fedbalance aggregators run in FedML modes {sorted(HOSTS)}; got training_type/backend {mode}"
+        )
+
+
+def _wrap(cls: Any, method: str, host: str, replacement: Any) -> None:
+    original = getattr(cls, method)
+    if getattr(original, "_fedbalance", False):
+        return
+
+    @functools.wraps(original)
+    def wrapper(self: Any, *a: Any, **kw: Any) -> Any:
+        if state_for(self.args, host) is None:
+            return original(self, *a, **kw)
+        return replacement(self, original, *a, **kw)
+
+    wrapper._fedbalance = True  # type: ignore[attr-defined]
+    setattr(cls, method, wrapper)
+
+
+def _sp_client_train(self: Any, original: Any, w_global: Any) -> Any:
+    return train_with_validation(
+        self.model_trainer,
+        w_global,
+        self.local_training_data,
+        int(self.client_idx),
+        self.device,
+        self.args,
+    )
+
+
+def _sp_sampling(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
+    # The round's global model, before the clients train the shared model object in place.
+    STATE["round_global"] = copy.deepcopy(self.model_trainer.get_model_params())
+    return original(self, *a, **kw)
+
+
+def _sp_aggregate(self: Any, original: Any, w_locals: list[tuple[Any, Any]]) -> Any:
+    return aggregate(w_locals, STATE["round_global"])
+
+
+def _dist_train(self: Any, original: Any, round_idx: Any = None) -> Any:
+    self.args.round_idx = round_idx
+    params = train_with_validation(
+        self.trainer, None, self.train_local, int(self.client_index), self.device, self.args
+    )
+    return params, self.local_sample_number
+
+
+def _mpi_aggregate(self: Any, original: Any) -> Any:
+    model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.worker_num)]
+    averaged = aggregate(model_list, self.get_global_model_params())
+    self.set_global_model_params(averaged)
+    return averaged
+
+
+def _cross_silo_aggregate(self: Any, original: Any) -> Any:
+    model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.client_num)]
+    model_list, idxes = self.aggregator.on_before_aggregation(
+        model_list
+    )  # FedML's DP/defence hooks
+    averaged = aggregate(model_list, self.get_global_model_params())
+    averaged = self.aggregator.on_after_aggregation(averaged)
+    self.set_global_model_params(averaged)
+    return averaged, model_list, idxes
+
+
+#: (module, class, method, host, replacement)
+TARGETS = (
+    ("fedml.simulation.sp.fedavg.client", "Client", "train", "fedml-sp", _sp_client_train),
+    (
+        "fedml.simulation.sp.fedavg.fedavg_api",
+        "FedAvgAPI",
+        "_client_sampling",
+        "fedml-sp",
+        _sp_sampling,
+    ),
+    ("fedml.simulation.sp.fedavg.fedavg_api", "FedAvgAPI", "_aggregate", "fedml-sp", _sp_aggregate),
+    (
+        "fedml.simulation.mpi.fedavg.FedAVGTrainer",
+        "FedAVGTrainer",
+        "train",
+        "fedml-mpi",
+        _dist_train,
+    ),
+    (
+        "fedml.simulation.mpi.fedavg.FedAVGAggregator",
+        "FedAVGAggregator",
+        "aggregate",
+        "fedml-mpi",
+        _mpi_aggregate,
+    ),
+    (
+        "fedml.cross_silo.client.fedml_trainer",
+        "FedMLTrainer",
+        "train",
+        "fedml-cross-silo",
+        _dist_train,
+    ),
+    (
+        "fedml.cross_silo.server.fedml_aggregator",
+        "FedMLAggregator",
+        "aggregate",
+        "fedml-cross-silo",
+        _cross_silo_aggregate,
+    ),
+)
+
+
+def arm() -> None:
+    """Wrap FedML's aggregation points and client training (called right after ``import fedml``)."""
+    import fedml
+    from fedml.runner import FedMLRunner
+
+    for module, cls_name, method, host, replacement in TARGETS:
+        _wrap(getattr(importlib.import_module(module), cls_name), method, host, replacement)
+    if getattr(fedml.init, "_fedbalance", False):
+        return
+    original_init = fedml.init
+
+    @functools.wraps(original_init)
+    def init(*a: Any, **kw: Any) -> Any:
+        args = original_init(*a, **kw)
+        validate(args)
+        return args
+
+    init._fedbalance = True  # type: ignore[attr-defined]
+    fedml.init = init
+    original_runner = FedMLRunner.__init__
+
+    @functools.wraps(original_runner)
+    def runner_init(self: Any, args: Any, *a: Any, **kw: Any) -> None:
+        validate(args)  # before FedML's __init__: the MPI modes train inside it
+        original_runner(self, args, *a, **kw)
+
+    FedMLRunner.__init__ = runner_init

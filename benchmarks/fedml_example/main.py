@@ -1,0 +1,21 @@
+"""A FedML 0.9.6 deployment written the way FedML's examples are; it never imports fedbalance.
+
+    python main.py --cf sp.yaml                                              # sp simulation
+    mpirun --allow-run-as-root --oversubscribe -np 3 python main.py --cf mpi.yaml         # MPI simulation
+    mpirun --allow-run-as-root --oversubscribe -np 3 python main.py --cf cross_silo.yaml  # cross-silo
+
+With fedbalance installed, ``aggregator: fedloss`` in the YAML is all it takes.
+"""
+
+import data
+import fedml
+from fedml import FedMLRunner
+
+from fedbalance_benchmarks.models import ThesisCNN
+
+if __name__ == "__main__":
+    args = fedml.init()
+    device = fedml.device.get_device(args)
+    dataset, output_dim = data.load(args)
+    model = ThesisCNN(num_classes=output_dim)
+    FedMLRunner(args, device, dataset, model).run()
