@@ -138,7 +138,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             config, out, client_processes=args.processes, config_path=Path(args.config)
         )
     else:
-        raise UsageError(f"framework {config.framework!r} is not available yet in `fedbalance run`")
+        from fl_adapters.fedml.runner import run_fedml
+
+        summary = run_fedml(config, out)
     print(
         json.dumps(
             {k: summary[k] for k in ("rounds", "final_accuracy", "best_accuracy", "best_round")}

@@ -139,3 +139,34 @@ def test_payload_keys_survive_and_are_stripped() -> None:
     assert list(clean) == ["w", "n"] and client == 7 and loss == 0.25
     torch.nn.Module().load_state_dict({}, strict=True)  # the clean dict has no reserved key left
     assert all(not k.startswith("__fedbalance") for k in clean)
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_fedbalance_run_launches_fedml_mpi_with_the_right_process_count(tmp_path: Path) -> None:
+    from fl_adapters.cli import main
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "framework": "fedml-mpi",
+                "dataset": "fmnist",
+                "max_samples": 2000,
+                "partition": {"name": "mixed"},
+                "aggregator": "fedloss",
+                "num_clients": 6,
+                "clients_per_round": 2,
+                "rounds": 2,
+                "local_epochs": 1,
+            }
+        )
+    )
+    assert main(["run", str(cfg), "--out", str(tmp_path / "out")]) == 0
+    fedml_cfg = yaml.safe_load((tmp_path / "out" / "fedml.yaml").read_text())
+    assert (
+        fedml_cfg["comm_args"]["backend"] == "MPI" and fedml_cfg["device_args"]["worker_num"] == 2
+    )
+    check_fedloss_records(records(tmp_path / "out" / "aggregations.jsonl"), "fedml-mpi", rounds=2)
+    metrics = records(tmp_path / "out" / "metrics.jsonl")
+    assert [m["round"] for m in metrics] == [1, 2]

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from fedbalance_benchmarks.datasets import dataset_targets, fmnist_available, load_dataset
+from fedbalance_benchmarks.models import build_model
 from fl_partitions import make_partitioner
 from fl_partitions.transforms import NoisyDataset
 
@@ -83,3 +84,11 @@ def load(args: Any) -> tuple[list[Any], int]:
 def _stack(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = zip(*(ds[i] for i in range(len(ds))), strict=True)
     return torch.stack(list(xs)), torch.as_tensor([int(y) for y in ys])
+
+
+def model(args: Any, num_classes: int) -> torch.nn.Module:
+    """The config's ``model`` (``thesis_cnn`` or ``astraea_cnn``), seeded by ``random_seed``."""
+    torch.manual_seed(int(args.random_seed))
+    return build_model(
+        getattr(args, "model", "thesis_cnn"), in_channels=1, num_classes=num_classes, image_size=28
+    )

@@ -11,11 +11,9 @@ import data
 import fedml
 from fedml import FedMLRunner
 
-from fedbalance_benchmarks.models import ThesisCNN
-
 if __name__ == "__main__":
     args = fedml.init()
     device = fedml.device.get_device(args)
     dataset, output_dim = data.load(args)
-    model = ThesisCNN(num_classes=output_dim)
+    model = data.model(args, output_dim)
     FedMLRunner(args, device, dataset, model).run()

@@ -1,0 +1,160 @@
+"""``fedbalance run`` for FedML: writes the host's YAML and launches the bundled FedML example.
+
+The host is ``fedbalance_benchmarks/fedml_example/main.py`` (a FedML script with no fedbalance
+import); fedbalance reaches it only through its YAML's ``aggregator:`` key and the autoload.
+sp runs as one process; MPI simulation under ``mpirun -np clients_per_round + 1``; cross-silo
+under ``mpirun -np worker_num + 1`` with ``worker_num = clients_per_round`` (FedML's rules).
+Outputs: ``fedml.yaml``, ``fedml.log``, ``aggregations.jsonl`` (the recorder), ``metrics.jsonl``
+(per round: clients, weights, and FedML's logged test accuracy where it logs one) and
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fl_adapters.config import RunConfig
+
+MODES = {
+    "fedml-sp": ("simulation", "sp"),
+    "fedml-mpi": ("simulation", "MPI"),
+    "fedml-cross-silo": ("cross_silo", "MPI"),
+}
+
+
+def example_dir() -> Path:
+    import fedbalance_benchmarks
+
+    return Path(fedbalance_benchmarks.__file__).resolve().parent / "fedml_example"
+
+
+def fedml_config(config: RunConfig) -> dict[str, Any]:
+    """The FedML YAML (as a dict) for ``config``."""
+    training_type, backend = MODES[config.framework]
+    common: dict[str, Any] = {
+        "training_type": training_type,
+        "random_seed": config.seed,
+        "using_mlops": False,
+    }
+    if training_type == "cross_silo":
+        common["scenario"] = "horizontal"
+    device: dict[str, Any] = {"using_gpu": False, "gpu_id": 0}
+    if backend == "MPI":
+        device.update(worker_num=config.clients_per_round, gpu_mapping_key="mapping_default")
+    doc: dict[str, Any] = {
+        "common_args": common,
+        "data_args": {
+            "dataset": config.dataset,
+            "data_cache_dir": config.data_dir or "/tmp/fedml_data",
+            "partition_method": "homo",
+            "partition_spec": config.partition,
+        },
+        "model_args": {"model": config.model},
+        "train_args": {
+            "federated_optimizer": "FedAvg",
+            "aggregator": config.aggregator,
+            "aggregator_args": config.aggregator_args,
+            "client_id_list": "[]",
+            "client_num_in_total": config.num_clients,
+            "client_num_per_round": config.clients_per_round,
+            "comm_round": config.rounds,
+            "epochs": config.local_epochs,
+            "batch_size": config.batch_size,
+            "client_optimizer": config.optimizer,
+            "learning_rate": config.lr,
+            "weight_decay": 0.0,
+        },
+        "validation_args": {"frequency_of_the_test": config.eval_every},
+        "device_args": device,
+        "comm_args": {"backend": backend} | ({"is_mobile": 0} if backend == "MPI" else {}),
+        "tracking_args": {"enable_tracking": False, "enable_wandb": False},
+    }
+    if config.max_samples is not None:
+        doc["data_args"]["max_samples"] = config.max_samples
+    if training_type == "cross_silo":
+        doc["environment_args"] = {"bootstrap": ""}
+    return doc
+
+
+def command(config: RunConfig, cfg_path: Path) -> list[str]:
+    script = [sys.executable, str(example_dir() / "main.py"), "--cf", str(cfg_path)]
+    if config.framework == "fedml-sp":
+        return script
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise FileNotFoundError(
+            f"framework {config.framework} needs OpenMPI's mpirun (apt-get install openmpi-bin libopenmpi-dev)"
+        )
+    extra = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    return [
+        mpirun,
+        *extra,
+        "--oversubscribe",
+        "-np",
+        str(config.clients_per_round + 1),
+        "-x",
+        "FEDBALANCE_RECORD",
+        *script,
+    ]
+
+
+def run_fedml(config: RunConfig, out_dir: Path, timeout: float = 3600) -> dict[str, Any]:
+    out_dir = out_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = out_dir / "fedml.yaml"
+    cfg_path.write_text(yaml.safe_dump(fedml_config(config), sort_keys=False))
+    record = out_dir / "aggregations.jsonl"
+    record.unlink(missing_ok=True)
+    env = {**os.environ, "FEDBALANCE_RECORD": str(record)}
+    with open(out_dir / "fedml.log", "w") as log:
+        try:
+            proc = subprocess.run(
+                command(config, cfg_path),
+                cwd=out_dir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(
+                f"FedML run did not finish within {timeout:.0f} s; see {out_dir}/fedml.log"
+            ) from e
+    if proc.returncode != 0:
+        raise RuntimeError(f"FedML exited with code {proc.returncode}; see {out_dir}/fedml.log")
+    aggregations = (
+        [json.loads(x) for x in record.read_text().splitlines()] if record.exists() else []
+    )
+    accs = [
+        float(a)
+        for a in re.findall(r"'test_acc': ([0-9.eE+-]+)", (out_dir / "fedml.log").read_text())
+    ]
+    rows = []
+    for i, agg in enumerate(aggregations):
+        row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")} | {
+            "rejected": len(agg["rejected"])
+        }
+        if i < len(accs):
+            row["test_accuracy"] = accs[i]
+        rows.append(row)
+    (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = [r for r in rows if "test_accuracy" in r]
+    best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
+    summary = {
+        "config": config.to_dict(),
+        "rounds": len(rows),
+        "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "best_accuracy": best["test_accuracy"] if best else None,
+        "best_round": best["round"] if best else None,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
