@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -170,3 +171,78 @@ def test_fedbalance_run_launches_fedml_mpi_with_the_right_process_count(tmp_path
     check_fedloss_records(records(tmp_path / "out" / "aggregations.jsonl"), "fedml-mpi", rounds=2)
     metrics = records(tmp_path / "out" / "metrics.jsonl")
     assert [m["round"] for m in metrics] == [1, 2]
+
+
+def make_fake_cifar10(
+    root: Path, per_batch: int = 120, test: int = 60, seed: int = 0
+) -> np.ndarray:
+    """torchvision's on-disk CIFAR-10 format with synthetic pixels; returns the train labels."""
+    import pickle
+
+    rng = np.random.default_rng(seed)
+    d = root / "cifar-10-batches-py"
+    d.mkdir(parents=True)
+    labels = []
+    for name, n in [*((f"data_batch_{i}", per_batch) for i in range(1, 6)), ("test_batch", test)]:
+        y = rng.integers(0, 10, n)
+        if name != "test_batch":
+            labels.append(y)
+        with open(d / name, "wb") as fh:
+            pickle.dump(
+                {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "labels": y.tolist()}, fh
+            )
+    with open(d / "batches.meta", "wb") as fh:
+        pickle.dump({"label_names": [f"c{i}" for i in range(10)]}, fh)
+    return np.concatenate(labels)
+
+
+@pytest.mark.slow
+def test_fedml_loader_partitions_with_a_fedbalance_scheme(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import types
+
+    import fedml
+    import torchvision.datasets as tvd
+
+    from fl_adapters.registry import get_registry
+
+    # The fake files have no official checksums; without this torchvision would try to download.
+    monkeypatch.setattr(tvd.CIFAR10, "train_list", [[n, None] for n, _ in tvd.CIFAR10.train_list])
+    monkeypatch.setattr(tvd.CIFAR10, "test_list", [[n, None] for n, _ in tvd.CIFAR10.test_list])
+    monkeypatch.setattr(tvd.CIFAR10, "meta", dict(tvd.CIFAR10.meta, md5=None))
+    y_train = make_fake_cifar10(tmp_path)
+
+    def load(method: str, **extra: object) -> list:
+        args = types.SimpleNamespace(
+            training_type="simulation",
+            backend="sp",
+            dataset="cifar10",
+            data_cache_dir=str(tmp_path),
+            partition_method=method,
+            partition_alpha=0.5,
+            client_num_in_total=4,
+            batch_size=8,
+            process_id=0,
+            rank=0,
+            model="lr",
+            random_seed=3,
+            **extra,
+        )
+        dataset, _ = fedml.data.load(args)
+        return dataset
+
+    ours = load("label_quantity", partition_args={"k": 3})
+    expected = (
+        get_registry()
+        .make_partitioner({"name": "label_quantity", "k": 3})
+        .partition(y_train, 4, seed=3)
+    )
+    assert ours[4] == {
+        c: len(ix) for c, ix in enumerate(expected.client_indices)
+    }  # train_data_local_num_dict
+    for c in range(4):  # every client holds only its 3 classes
+        seen = np.unique(np.concatenate([np.asarray(y) for _, y in ours[5][c]]))
+        assert len(seen) <= 3 and set(seen) <= set(np.flatnonzero(expected.class_counts[c]))
+    homo = load("homo")
+    assert sorted(homo[4].values()) == [150, 150, 150, 150]  # FedML's own name keeps its meaning
+    with pytest.raises(Exception, match="did you mean 'label_dirichlet'"):
+        load("label_dirichlett")

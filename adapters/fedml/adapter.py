@@ -291,8 +291,11 @@ def arm() -> None:
     import fedml
     from fedml.runner import FedMLRunner
 
+    from fl_adapters.fedml import partition
+
     for module, cls_name, method, host, replacement in TARGETS:
         _wrap(getattr(importlib.import_module(module), cls_name), method, host, replacement)
+    partition.arm()
     if getattr(fedml.init, "_fedbalance", False):
         return
     original_init = fedml.init

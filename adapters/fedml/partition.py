@@ -1,0 +1,100 @@
+"""fedbalance partitioners inside FedML's own dataset loaders.
+
+``data_args: partition_method: mixed`` (or any fedbalance partitioner name, with an optional
+``partition_args:`` mapping) makes ``fedml.data.load(args)`` split with fedbalance wherever
+FedML would use its ``homo`` / ``hetero`` split: the ``partition_data`` functions of FedML's
+CIFAR-10 (both loaders), CIFAR-100 and CINIC-10 modules — which also serve unknown dataset
+names. FedML's own names (``homo``, ``hetero``, ``hetero-fix``) keep their meaning. The
+partition is seeded by ``random_seed``; FedML's loaders then build their loaders from the
+index map as usual. Feature noise (``feature_noise``, ``mixed``) is not applied here: FedML's
+loaders own the transforms, so only the label/quantity part of a spec takes effect (logged).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+FEDML_METHODS = ("homo", "hetero", "hetero-fix")
+MODULES = (
+    "fedml.data.cifar10.efficient_loader",
+    "fedml.data.cifar10.data_loader",
+    "fedml.data.cifar100.data_loader",
+    "fedml.data.cinic10.data_loader",
+)
+CURRENT: dict[str, Any] = {}
+
+
+def fedbalance_map(y_train: Any, num_clients: int, method: str, args: Any) -> dict[int, np.ndarray]:
+    """The client -> indices map of fedbalance partitioner ``method`` on ``y_train``."""
+    from fl_adapters.registry import get_registry
+
+    spec = {"name": method, **(getattr(args, "partition_args", None) or {})}
+    part = (
+        get_registry()
+        .make_partitioner(spec)
+        .partition(np.asarray(y_train), num_clients, seed=int(getattr(args, "random_seed", 0) or 0))
+    )
+    if part.noise_std.any():
+        log.warning(
+            "partition %r adds feature noise; FedML's loaders own the transforms, so only "
+            "its split is used",
+            method,
+        )
+    return dict(enumerate(part.client_indices))
+
+
+def _wrap_partition_data(module: Any) -> None:
+    original = getattr(module, "partition_data", None)
+    if original is None or getattr(original, "_fedbalance", False):
+        return
+
+    @functools.wraps(original)
+    def partition_data(
+        dataset: Any, datadir: Any, partition: Any, n_nets: int, alpha: Any, *rest: Any
+    ) -> Any:
+        if partition in FEDML_METHODS or not isinstance(partition, str):
+            return original(dataset, datadir, partition, n_nets, alpha, *rest)
+        from fl_adapters.registry import get_registry
+
+        get_registry().partitioner(partition)  # unknown: the registry's message, listing names
+        out = list(original(dataset, datadir, "homo", n_nets, alpha, *rest))
+        y_train = out[1]
+        net_dataidx_map = fedbalance_map(y_train, n_nets, partition, CURRENT.get("args"))
+        out[4] = net_dataidx_map
+        out[5] = module.record_net_data_stats(y_train, net_dataidx_map)
+        return tuple(out)
+
+    partition_data._fedbalance = True  # type: ignore[attr-defined]
+    module.partition_data = partition_data
+
+
+def arm() -> None:
+    """Wrap FedML's loaders' ``partition_data`` and remember the args of ``fedml.data.load``."""
+    import fedml.data
+
+    for name in MODULES:
+        try:
+            _wrap_partition_data(importlib.import_module(name))
+        except ImportError as e:  # a loader FedML could not import (optional dependency)
+            log.debug("fedbalance: FedML loader %s not patched: %s", name, e)
+    original = fedml.data.load
+    if getattr(original, "_fedbalance", False):
+        return
+
+    @functools.wraps(original)
+    def load(args: Any, *a: Any, **kw: Any) -> Any:
+        CURRENT["args"] = args
+        try:
+            return original(args, *a, **kw)
+        finally:
+            CURRENT.pop("args", None)
+
+    load._fedbalance = True  # type: ignore[attr-defined]
+    fedml.data.load = load
