@@ -227,6 +227,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 #: ``fedbalance bench NAME`` -> module with ``main(argv)``; runnable from an installed wheel.
 BENCHES = {
     "fedlab-overhead": "fedbalance_benchmarks.perf_fedlab_overhead",
+    "fedml-overhead": "fedbalance_benchmarks.perf_fedml_overhead",
     "perf-aggregate": "fedbalance_benchmarks.perf_aggregate",
     "perf-partition": "fedbalance_benchmarks.perf_partition",
     "thesis": "fedbalance_benchmarks.thesis",
