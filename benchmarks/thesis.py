@@ -42,7 +42,7 @@ QUICK = dict(num_clients=10, clients_per_round=3, rounds=5, local_epochs=1, max_
 
 def run_config(scenario: str, aggregator: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
     return {
-        "framework": "fedlab",
+        "framework": opts.get("framework", "fedlab"),
         "dataset": opts["dataset"],
         "partition": SCENARIOS[scenario],
         "aggregator": aggregator,
@@ -68,18 +68,28 @@ def _run_one(cfg: dict[str, Any], out_dir: str) -> dict[str, Any]:
     import logging
 
     from fl_adapters.config import RunConfig
-    from fl_adapters.fedlab.runner import run_standalone
 
     logging.getLogger("fl_aggregators").setLevel(logging.ERROR)
-    summary = run_standalone(RunConfig.from_dict(cfg), Path(out_dir), progress=False)
-    return summary
+    config = RunConfig.from_dict(cfg)
+    if config.framework == "fedml-sp":
+        from fl_adapters.fedml.runner import run_fedml
+
+        return run_fedml(config, Path(out_dir))
+    from fl_adapters.fedlab.runner import run_standalone
+
+    return run_standalone(config, Path(out_dir), progress=False)
+
+
+def _suffix(opts: dict[str, Any]) -> str:
+    host = "" if opts.get("framework", "fedlab") == "fedlab" else f"_{opts['framework']}"
+    return host + ("_quick" if opts["quick"] else "")
 
 
 def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """Run (or resume) every (scenario, aggregator, seed); return per-run curves."""
     from tqdm import tqdm
 
-    runs_dir = Path(opts["runs_dir"]) / f"{opts['dataset']}{'_quick' if opts['quick'] else ''}"
+    runs_dir = Path(opts["runs_dir"]) / f"{opts['dataset']}{_suffix(opts)}"
     jobs = []
     for scenario in opts["scenarios"]:
         for agg in opts["aggregators"]:
@@ -107,7 +117,7 @@ def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
                 "seed": seed,
                 "rounds": [r["round"] for r in rows if "test_accuracy" in r],
                 "accuracy": [r["test_accuracy"] for r in rows if "test_accuracy" in r],
-                "bytes_up": sum(r["bytes_up"] for r in rows),
+                "bytes_up": sum(r.get("bytes_up", 0) for r in rows),
             }
         )
     return curves
@@ -195,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--local-epochs", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)))
+    ap.add_argument(
+        "--framework",
+        default="fedlab",
+        choices=["fedlab", "fedml-sp"],
+        help="host: FedLab's standalone pipeline or FedML's sp simulation",
+    )
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS))
     ap.add_argument(
@@ -213,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     opts: dict[str, Any] = dict(QUICK if a.quick else FULL)
     opts.update(
+        framework=a.framework,
         dataset=a.dataset,
         quick=a.quick,
         seeds=a.seeds or (1 if a.quick else 3),
@@ -233,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     curves = run_grid(opts)
-    stem = f"thesis_{a.dataset}{'_quick' if a.quick else ''}"
+    stem = f"thesis_{a.dataset}{_suffix(opts)}"
     note = (
         ""
         if opts["local_epochs"] == 10
@@ -243,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     command = "fedbalance bench thesis " + " ".join(argv if argv is not None else sys.argv[1:])
     header = (
-        f"# FedLoss thesis benchmark on {a.dataset} (FedLab standalone)\n\n"
+        f"# FedLoss thesis benchmark on {a.dataset} ({'FedLab standalone' if a.framework == 'fedlab' else 'FedML sp simulation'})\n\n"
         f"{opts['num_clients']} clients, {opts['clients_per_round']} per round, {opts['rounds']} rounds,"
         f" Adam lr 1e-3, batch 64, thesis CNN, seeds 0..{opts['seeds'] - 1}; accuracy (%) of the global"
         f" model on all clients' test splits, mean ± std over seeds.{note}\n\n"

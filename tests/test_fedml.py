@@ -246,3 +246,35 @@ def test_fedml_loader_partitions_with_a_fedbalance_scheme(tmp_path: Path, monkey
     assert sorted(homo[4].values()) == [150, 150, 150, 150]  # FedML's own name keeps its meaning
     with pytest.raises(Exception, match="did you mean 'label_dirichlet'"):
         load("label_dirichlett")
+
+
+@pytest.mark.slow
+def test_thesis_bench_runs_on_fedml_sp(tmp_path: Path) -> None:
+    from fl_adapters.cli import main
+
+    code = main(
+        [
+            "bench",
+            "thesis",
+            "--quick",
+            "--framework",
+            "fedml-sp",
+            "--dataset",
+            "digits",
+            "--rounds",
+            "2",
+            "--workers",
+            "1",
+            "--scenarios",
+            "mixed",
+            "--aggregators",
+            "fedloss",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    table = (tmp_path / "thesis_digits_fedml-sp_quick.md").read_text()
+    assert "FedML sp simulation" in table and "| fedloss " in table
+    doc = json.loads((tmp_path / "thesis_digits_fedml-sp_quick.json").read_text())
+    assert [len(r["accuracy"]) for r in doc["runs"]] == [2]
