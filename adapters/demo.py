@@ -11,22 +11,11 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
 from fl_adapters.registry import get_registry
 
 log = logging.getLogger(__name__)
-
-#: The FedLoss thesis's scenarios (Tagarakis 2023, section 5): label Dir(0.5), quantity
-#: Dir(0.5), feature noise sigma 0.1, and mixed = label + feature.
-THESIS_SCENARIOS: dict[str, dict[str, Any]] = {
-    "iid": {"name": "iid"},
-    "label": {"name": "label_dirichlet", "beta": 0.5},
-    "quantity": {"name": "quantity_dirichlet", "beta": 0.5},
-    "feature": {"name": "feature_noise", "sigma": 0.1},
-    "mixed": {"name": "mixed"},
-}
 
 
 def run_demo(
@@ -65,7 +54,9 @@ def partition_demo(
     out_dir.mkdir(parents=True, exist_ok=True)
     registry = get_registry()
     rows, summary = [], {}
-    for scenario, spec in THESIS_SCENARIOS.items():
+    from fedbalance_benchmarks.thesis import SCENARIOS
+
+    for scenario, spec in SCENARIOS.items():
         start = time.perf_counter()
         partition = registry.make_partitioner(spec).partition(labels, clients, seed=seed)
         elapsed = time.perf_counter() - start

@@ -55,7 +55,13 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from fedbalance_benchmarks._flower_agg import Layout, checksum, float_numel, generate
+from fedbalance_benchmarks._flower_agg import (
+    Layout,
+    checksum,
+    float_numel,
+    generate,
+    trim_memory,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FLOWER_SCRIPT = Path(__file__).resolve().parent / "_flower_agg.py"
@@ -130,7 +136,12 @@ class Clients:
         )
 
     def bytes_per_copy(self) -> int:
-        return sum(f.numel() * f.element_size() for f in self.flats)
+        return copy_bytes(self.layout, len(self.flats))
+
+
+def copy_bytes(layout: Layout, clients: int) -> int:
+    """Bytes of one copy of every client's float32 values."""
+    return 4 * clients * float_numel(layout)
 
 
 # -- what is timed ----------------------------------------------------------------------------
@@ -143,12 +154,21 @@ class Case:
     params: int
     make: Callable[[], Callable[[], Any]] | None
     note: str | None = None
+    #: Bytes the call allocates at its peak: checked against free memory before every run.
+    peak_bytes: int = 0
     times: list[float] = field(default_factory=list)
+    skipped: int = 0
     output: Any = None  # the warm-up's result, for the sanity checks
 
     def step(self, warmup: bool) -> None:
         if self.make is None:
             return
+        if self.peak_bytes:
+            why = fits(self.peak_bytes)
+            if why:
+                self.skipped += 1
+                self.note = f"{why} ({self.skipped} run(s) skipped)"
+                return
         call = self.make()
         start = time.perf_counter()
         out = call()
@@ -186,9 +206,9 @@ def mem_available() -> int | None:
     return None
 
 
-def fits(copies: int, c: Clients) -> str | None:
-    """``None`` if ``copies`` more copies of all clients fit in free memory, else why not."""
-    need = copies * c.bytes_per_copy() + (256 << 20)
+def fits(peak_bytes: int) -> str | None:
+    """``None`` if ``peak_bytes`` more fit in free memory, else why not."""
+    need = peak_bytes + (1 << 30)  # + 1 GB headroom for everything else on the machine
     avail = mem_available()
     if avail is None or avail >= need:
         return None
@@ -241,27 +261,22 @@ def local_cases(c: Clients) -> list[Case]:
     except ImportError as e:
         cases.append(Case("fedlab", "fedavg", flat, None, f"skipped: FedLab not importable ({e})"))
     else:
-        why = fits(2, c)  # the stacked matrix and its weighted copy
         cases.append(
             Case(
                 "fedlab",
                 "fedavg",
                 flat,
-                None
-                if why
-                else lambda: lambda: Aggregators.fedavg_aggregate(c.flats, c.num_samples),
-                why,
+                lambda: lambda: Aggregators.fedavg_aggregate(c.flats, c.num_samples),
+                peak_bytes=2 * c.bytes_per_copy(),  # the stacked matrix and its weighted copy
             )
         )
-
-    why = fits(2, c)  # the stacked matrix and median's working copy
     cases.append(
         Case(
             "torch-stacked",
             "median",
             flat,
-            None if why else lambda: lambda: torch.median(torch.stack(c.flats), dim=0).values,
-            why,
+            lambda: lambda: torch.median(torch.stack(c.flats), dim=0).values,
+            peak_bytes=2 * c.bytes_per_copy(),  # the stacked matrix and median's working copy
         )
     )
     return cases
@@ -361,10 +376,30 @@ class FlowerWorker:
 class FlowerStep:
     """Both Flower operations as one step of a repeat (one round trip to the worker)."""
 
-    worker: FlowerWorker | None
     avg: Case
     med: Case
+    worker: FlowerWorker | None = None
+    info: dict[str, Any] = field(default_factory=dict)
     check: dict[str, Any] | None = None
+
+    def start(self, python: Path, layout: Layout, clients: int) -> None:
+        """Start the worker; it builds its copy of the clients while the caller goes on."""
+        self.worker = FlowerWorker(python, layout, clients, SEED)
+
+    def ready(self) -> None:
+        """Wait until the worker holds its clients."""
+        if self.worker is None:
+            return
+        try:
+            self.info = self.worker.reply()
+        except (OSError, RuntimeError, ValueError) as e:
+            self.avg.note = self.med.note = f"failed: {e}"
+            self.close()
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
     def step(self, warmup: bool) -> None:
         if self.worker is None:
@@ -373,7 +408,7 @@ class FlowerStep:
             got = self.worker.run(check=warmup)
         except (OSError, RuntimeError, ValueError) as e:
             self.avg.note = self.med.note = f"failed: {e}"
-            self.worker = None
+            self.close()
             return
         if warmup:
             self.check = got["check"]
@@ -393,10 +428,8 @@ def _float_flat(layout: Layout, params: Any) -> torch.Tensor:
     )
 
 
-def sanity_checks(
-    layout: Layout, cases: Sequence[Case], flower: dict[str, Any] | None
-) -> list[tuple[str, bool]]:
-    """Compare the warm-up results: fedbalance's FedAvg against FedML, FedLab and Flower."""
+def sanity_checks(layout: Layout, cases: Sequence[Case]) -> list[tuple[str, bool]]:
+    """Compare the warm-up results: fedbalance's FedAvg against FedML's and FedLab's."""
     out = {(c.impl, c.operation): c.output for c in cases if c.output is not None}
     checks: list[tuple[str, bool]] = []
     ours = out.get(("fedbalance", "fedavg"))
@@ -425,68 +458,100 @@ def sanity_checks(
         )
     if ("fedlab", "fedavg") in out:
         compare("FedLab", out[("fedlab", "fedavg")])
-    if flower is not None:
-        ours_med = out.get(("fedbalance", "median"))
-        for op, mine in (("fedavg", ours_sd), ("median", ours_med.params if ours_med else None)):
-            if mine is None:
-                continue
-            a = checksum(layout, [t.numpy() for t in mine.values()])
-            b = flower[op]
-            ok = bool(
-                np.allclose(a["head"], b["head"], rtol=1e-5, atol=1e-6)
-                and np.isclose(a["abs_sum"], b["abs_sum"], rtol=1e-5)
-                and np.isclose(a["sum"], b["sum"], rtol=1e-4, atol=1e-6 * a["abs_sum"])
-            )
-            checks.append((f"fedbalance {op} vs Flower: sum {a['sum']:.6g} vs {b['sum']:.6g}", ok))
+    return checks
+
+
+def flower_references(layout: Layout, cases: Sequence[Case]) -> dict[str, dict[str, Any]]:
+    """Checksums of fedbalance's FedAvg and median results, to compare with Flower's."""
+    refs = {}
+    for c in cases:
+        if c.impl == "fedbalance" and c.operation in ("fedavg", "median") and c.output:
+            refs[c.operation] = checksum(layout, [t.numpy() for t in c.output.params.values()])
+    return refs
+
+
+def flower_checks(
+    refs: dict[str, dict[str, Any]], flower: dict[str, Any] | None
+) -> list[tuple[str, bool]]:
+    checks = []
+    for op, a in refs.items():
+        if flower is None or op not in flower:
+            continue
+        b = flower[op]
+        ok = bool(
+            np.allclose(a["head"], b["head"], rtol=1e-5, atol=1e-6)
+            and np.isclose(a["abs_sum"], b["abs_sum"], rtol=1e-5)
+            and np.isclose(a["sum"], b["sum"], rtol=1e-4, atol=1e-6 * a["abs_sum"])
+        )
+        checks.append((f"fedbalance {op} vs Flower: sum {a['sum']:.6g} vs {b['sum']:.6g}", ok))
     return checks
 
 
 # -- the run ----------------------------------------------------------------------------------
+def repeat(steps: Sequence[Case | FlowerStep], repeats: int, label: str) -> None:
+    """One warm-up, then ``repeats`` timed rounds over ``steps``."""
+    for r in range(-1, repeats):
+        # Rotate the order each repeat so no implementation always follows the same one.
+        k = max(r, 0) % len(steps)
+        for s in [*steps[k:], *steps[:k]]:
+            s.step(warmup=r < 0)
+            gc.collect()
+            trim_memory()
+        print(f"{label}: {'warm-up' if r < 0 else f'repeat {r + 1}'} done", flush=True)
+
+
 def run_clients(
     layout: Layout, clients: int, repeats: int, flower_python: Path | None, flower_note: str | None
 ) -> tuple[list[dict[str, Any]], list[tuple[str, bool]], dict[str, Any]]:
     total = numel(layout)
-    worker = None
-    info: dict[str, Any] = {}
-    avg = Case("flower", "fedavg", total, None, flower_note)
-    med = Case("flower", "median", total, None, flower_note)
-    if flower_python is not None:
-        # Started first: it builds its copy of the clients while this process builds its own.
-        worker = FlowerWorker(flower_python, layout, clients, SEED)
+    label = f"{clients} clients"
+    flower = FlowerStep(
+        Case("flower", "fedavg", total, None, flower_note),
+        Case("flower", "median", total, None, flower_note),
+    )
+    # Interleaved, Flower's process holds a second copy of the clients while FedLab or
+    # torch-stacked hold two more: 4 copies, plus a quarter for the rest of the machine.
+    # Without that much memory Flower runs after the others, on its own.
+    avail = mem_available()
+    interleave = flower_python is not None and (
+        avail is None or avail >= 5 * copy_bytes(layout, clients)
+    )
+    if interleave:
+        assert flower_python is not None
+        flower.start(flower_python, layout, clients)
     start = time.perf_counter()
     c = Clients.make(layout, clients, SEED)
-    print(f"{clients} clients: generated in {time.perf_counter() - start:.1f} s", flush=True)
-    flower = FlowerStep(worker, avg, med)
-    if worker is not None:
-        try:
-            info = worker.reply()
-        except (OSError, RuntimeError, ValueError) as e:
-            avg.note = med.note = f"failed: {e}"
-            flower.worker = None
-    cases = local_cases(c)  # after Flower holds its clients: the memory checks count them
-    steps: list[Case | FlowerStep] = [*cases, flower]
+    print(f"{label}: generated in {time.perf_counter() - start:.1f} s", flush=True)
     try:
-        for r in range(-1, repeats):
-            # Rotate the order each repeat so no implementation always follows the same one.
-            k = max(r, 0) % len(steps)
-            for s in steps[k:] + steps[:k]:
-                s.step(warmup=r < 0)
-                gc.collect()
-            print(
-                f"{clients} clients: {'warm-up' if r < 0 else f'repeat {r + 1}'} done", flush=True
-            )
-        checks = sanity_checks(layout, cases, flower.check)
+        flower.ready()
+        cases = local_cases(c)  # after Flower holds its clients: the memory checks count them
+        repeat([*cases, flower] if flower.worker else cases, repeats, label)
+        checks = sanity_checks(layout, cases)
+        refs = flower_references(layout, cases)
     finally:
-        if worker is not None:
-            worker.close()
+        flower.close()
     records = [s.record(clients) for s in cases]
-    if flower_python is not None or flower_note:
-        records += [avg.record(clients), med.record(clients)]
-    for case in cases:
-        case.output = None
-    del c, cases, flower, steps
+    del c, cases
     gc.collect()
-    return records, checks, info
+    trim_memory()
+
+    if flower_python is not None and not interleave:
+        flower.start(flower_python, layout, clients)
+        flower.ready()
+        try:
+            if flower.worker is not None:
+                repeat([flower], repeats, f"{label}, Flower")
+        finally:
+            flower.close()
+        for case in (flower.avg, flower.med):
+            case.note = case.note or (
+                "run after the others, not interleaved: too little memory for a second copy "
+                "of the clients"
+            )
+    checks += flower_checks(refs, flower.check)
+    if flower_python is not None or flower_note:
+        records += [flower.avg.record(clients), flower.med.record(clients)]
+    return records, checks, flower.info
 
 
 def run(
@@ -496,9 +561,13 @@ def run(
     tiny: bool = False,
     out_dir: Path = RESULTS,
     flower_venv: Path | None = None,
+    threads: int | None = None,
 ) -> tuple[list[dict[str, Any]], bool]:
     """Run every case; returns the records and whether every sanity check passed."""
+    if threads is not None:
+        torch.set_num_threads(threads)
     layout = TINY_LAYOUT if tiny else resnet18_layout()
+    load_start = _load()
     flower_python, flower_note = None, None
     if flower:
         flower_python, flower_note = ensure_flower(flower_venv or default_flower_venv())
@@ -512,8 +581,17 @@ def run(
         records += recs
         checks += [(f"{k} clients: {text}", ok) for text, ok in chk]
         info = info or inf
-    write(records, checks, info, layout, out_dir, repeats)
+    load = f"load average {load_start} at the start, {_load()} at the end"
+    write(records, checks, info, layout, out_dir, repeats, load)
     return records, all(ok for _, ok in checks)
+
+
+def _load() -> str:
+    """1-minute load average: other work on the machine skews every timing here."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "?"
 
 
 def _cpu_name() -> str:
@@ -546,6 +624,7 @@ def write(
     layout: Layout,
     out_dir: Path,
     repeats: int,
+    load: str = "",
 ) -> None:
     from fl_adapters._table import markdown_table
 
@@ -587,7 +666,8 @@ def write(
         f"{numel(layout):,} values)\n\n"
         f"Median of {repeats} runs after one warm-up, implementations alternating inside each "
         f"repeat; {_cpu_name()}, {mp.cpu_count()} cores, "
-        f"{(mem or 0) / 1e9:.0f} GB free at the end, torch {torch.get_num_threads()} threads.\n"
+        f"{(mem or 0) / 1e9:.0f} GB free at the end, torch {torch.get_num_threads()} threads, "
+        f"{load}.\n"
         f"{_versions()}. {flower_line}\n"
         f"Regenerate: `fedbalance bench perf-aggregate`.\n\n"
         f"`params`: values aggregated per client (flat vectors carry the float tensors only, "
@@ -595,10 +675,15 @@ def write(
         f"vector, i.e. reading every value once. torch-stacked median is `torch.median`, the "
         f"lower middle value for an even client count.\n\n"
     )
+    notes = [
+        f"- {r['impl']} {r['operation']}, {r['clients']} clients: {r['note']}"
+        for r in records
+        if r.get("note") and r["seconds"] is not None
+    ]
     sanity = "Sanity checks (warm-up results):\n\n" + "\n".join(
         f"- {'ok' if ok else 'MISMATCH'}: {text}" for text, ok in checks
     )
-    text = header + table + "\n\n" + sanity + "\n"
+    text = header + table + "\n\n" + ("\n".join(notes) + "\n\n" if notes else "") + sanity + "\n"
     (out_dir / "perf_aggregate.md").write_text(text)
     (out_dir / "perf_aggregate.json").write_text(json.dumps(records, indent=1) + "\n")
     print(text)
@@ -621,15 +706,27 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="smoke run: ~100 k values, 3 clients, 1 repeat, no Flower, results in a temp dir",
     )
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=None, help=f"results directory (default {RESULTS})")
     a = ap.parse_args(argv)
-    if min(a.clients) < 1 or a.repeats < 1:
-        ap.error(f"--clients and --repeats must be >= 1, got {a.clients} and {a.repeats}")
+    if min(a.clients) < 1 or a.repeats < 1 or (a.threads is not None and a.threads < 1):
+        ap.error(
+            f"--clients, --repeats and --threads must be >= 1, got {a.clients}, {a.repeats} "
+            f"and {a.threads}"
+        )
     if a.tiny:
         out = a.out or Path(tempfile.gettempdir()) / "fedbalance-perf-aggregate-tiny"
-        _, ok = run((3,), 1, False, True, out)
+        _, ok = run((3,), 1, False, True, out, threads=a.threads)
     else:
-        _, ok = run(a.clients, a.repeats, not a.no_flower, False, a.out or RESULTS, a.flower_venv)
+        _, ok = run(
+            a.clients,
+            a.repeats,
+            not a.no_flower,
+            False,
+            a.out or RESULTS,
+            a.flower_venv,
+            a.threads,
+        )
     if not ok:
         print("sanity check failed: implementations disagree (see above)", file=sys.stderr)
     return 0 if ok else 1

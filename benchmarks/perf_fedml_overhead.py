@@ -11,13 +11,9 @@ own log (the time between its "Communication round" lines).
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import re
-import statistics
 import tempfile
-import time
 import types
 from datetime import datetime
 from pathlib import Path
@@ -25,17 +21,8 @@ from typing import Any
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _median_time(fn: Any, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from fedbalance_benchmarks._overhead import RESULTS, median_time, report
+from fedbalance_benchmarks._overhead import main as overhead_main
 
 
 def round_seconds(log_text: str) -> float:
@@ -58,7 +45,6 @@ def run(
     from fedml.simulation.sp.fedavg.fedavg_api import FedAvgAPI
 
     from fedbalance_benchmarks.models import ThesisCNN
-    from fl_adapters._table import markdown_table
     from fl_adapters.config import RunConfig
     from fl_adapters.fedml import adapter
     from fl_adapters.fedml.payload import attach
@@ -68,7 +54,7 @@ def run(
     states = [ThesisCNN().state_dict() for _ in range(5)]
     global_params = ThesisCNN().state_dict()
     stock_aggregate = getattr(FedAvgAPI._aggregate, "__wrapped__", FedAvgAPI._aggregate)
-    t_stock = _median_time(
+    t_stock = median_time(
         lambda: stock_aggregate(None, [(1400 + c, copy.copy(s)) for c, s in enumerate(states)]),
         repeats,
     )
@@ -85,7 +71,7 @@ def run(
         )
         adapter.state_for(args, "fedml-sp")
         payload = [(1400 + c, attach(s, c, 0.3 + 0.1 * c)) for c, s in enumerate(states)]
-        t_ours[name] = _median_time(lambda p=payload: adapter.aggregate(p, global_params), repeats)
+        t_ours[name] = median_time(lambda p=payload: adapter.aggregate(p, global_params), repeats)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RunConfig.from_dict(
             dict(
@@ -100,44 +86,28 @@ def run(
         )
         run_fedml(cfg, Path(tmp))
         round_s = round_seconds((Path(tmp) / "fedml.log").read_text())
-    record["round_seconds"] = round_s
-    rows = [["FedML FedAvgAPI._aggregate (FedAvg)", f"{1e3 * t_stock:.3f}", "1.00x", "-"]]
-    for name, t in t_ours.items():
-        overhead = (t - t_stock) / round_s
-        rows.append(
-            [
-                f"fedbalance {name}",
-                f"{1e3 * t:.3f}",
-                f"{t / t_stock:.2f}x",
-                f"{100 * overhead:.3f} %",
-            ]
-        )
-        record["fedbalance"][name] = {"seconds": t, "overhead_of_round": overhead}
-    table = markdown_table(["server update", "median ms", "vs FedML", "extra time per round"], rows)
-    text = (
+    header = (
         f"# fedbalance in FedML sp simulation: per-round server overhead\n\nThesis CNN, 5 clients per round, "
         f"median of {repeats} aggregations; a FedML sp round of the thesis setting (30 clients, 5 per round, "
         f"{local_epochs} local epoch(s), Fashion-MNIST, mixed skew, fedloss) took {round_s:.2f} s here "
-        f"(from FedML's log).\nRegenerate: `fedbalance bench fedml-overhead`.\n\n{table}\n"
+        f"(from FedML's log)."
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "perf_fedml_overhead.md").write_text(text)
-    (out_dir / "perf_fedml_overhead.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(text)
+    report(
+        host="FedML",
+        stem="perf_fedml_overhead",
+        stock_label="FedML FedAvgAPI._aggregate (FedAvg)",
+        t_stock=t_stock,
+        t_ours=t_ours,
+        round_s=round_s,
+        record=record,
+        header=header,
+        out_dir=out_dir,
+    )
     return record
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="fedbalance bench fedml-overhead", description=__doc__.splitlines()[0]
-    )
-    ap.add_argument("--repeats", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--local-epochs", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    a = ap.parse_args(argv)
-    run(a.repeats, a.rounds, a.local_epochs, a.out)
-    return 0
+    return overhead_main("fedbalance bench fedml-overhead", __doc__ or "", run, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

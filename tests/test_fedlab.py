@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import pytest
 import torch
 
 pytest.importorskip("fedlab")
+
+from helpers import fedloss_weights, records
 
 from fl_adapters.config import RunConfig
 from fl_adapters.fedlab import FedBalancePartitioner, FedBalanceServerHandler, PartitionedDataset
@@ -41,16 +42,6 @@ def tiny_config(**overrides: object) -> RunConfig:
     return RunConfig.from_dict(base)
 
 
-def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def expected_fedloss_weights(losses: list[float], clip: float = 5.0) -> list[float]:
-    med = sorted(losses)[(len(losses) - 1) // 2]
-    bounded = [min(x, clip * med) for x in losses]
-    return [x / sum(bounded) for x in bounded]
-
-
 @pytest.mark.parametrize("aggregator", AGGREGATORS)
 def test_standalone_pipeline_runs_every_aggregator(
     aggregator: str, tmp_path: Path, monkeypatch
@@ -66,7 +57,7 @@ def test_standalone_pipeline_runs_every_aggregator(
         assert sum(r["weights"]) == pytest.approx(1.0) and r["rejected"] == []
         if aggregator == "fedloss":
             losses = [m["val_loss"] for m in r["metrics"]]
-            assert r["weights"] == pytest.approx(expected_fedloss_weights(losses))
+            assert r["weights"] == pytest.approx(fedloss_weights(losses))
         if aggregator == "fedavg":
             assert r["weights"] == pytest.approx(
                 [n / sum(r["num_samples"]) for n in r["num_samples"]]
@@ -98,9 +89,7 @@ def test_cross_process_matches_standalone_in_round_one(tmp_path: Path, monkeypat
         "fedlab-distributed"
     }
     for r in dist:  # fedloss weights are the reported losses, normalised
-        assert r["weights"] == pytest.approx(
-            expected_fedloss_weights([m["val_loss"] for m in r["metrics"]])
-        )
+        assert r["weights"] == pytest.approx(fedloss_weights([m["val_loss"] for m in r["metrics"]]))
     by_client = lambda r: {c: w for c, w in zip(r["clients"], r["weights"], strict=True)}  # noqa: E731
     assert by_client(dist[0]) == pytest.approx(by_client(sa[0]), rel=1e-5)
 
@@ -119,7 +108,7 @@ def test_stock_fedlab_script_switches_by_environment(tmp_path: Path) -> None:
     for r in lines:
         losses = [m["val_loss"] for m in r["metrics"]]
         assert len(losses) == 3 and all(x > 0 for x in losses)
-        assert r["weights"] == pytest.approx(expected_fedloss_weights(losses))
+        assert r["weights"] == pytest.approx(fedloss_weights(losses))
         assert r["aggregator"] == "fedloss" and r["host"] == "fedlab"
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import fedloss_weights, records
 
 pytest.importorskip("fedml")
 
@@ -49,16 +50,6 @@ def run_host(
     return subprocess.run(
         cmd, cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True, timeout=600
     )
-
-
-def records(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def fedloss_weights(losses: list[float], clip: float = 5.0) -> list[float]:
-    med = sorted(losses)[(len(losses) - 1) // 2]
-    bounded = [min(x, clip * med) for x in losses]
-    return [x / sum(bounded) for x in bounded]
 
 
 def check_fedloss_records(lines: list[dict], host: str, rounds: int) -> None:
