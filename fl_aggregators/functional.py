@@ -11,9 +11,12 @@ from collections.abc import Sequence
 
 import torch
 
-#: Elements per block: 64 Ki float32 = 256 KiB per client block, which keeps an accumulator
-#: block and the block being added in L2 cache.
-BLOCK = 1 << 16
+#: Elements per block: 32 Ki float32 = 128 KiB per client block, so an accumulator block and
+#: the block being added stay in L2 cache. It is also torch's parallel grain size: an op on one
+#: block runs on the calling thread. Above it every small op starts and joins an OpenMP team,
+#: and on a busy 2-core machine that made 64 Ki blocks ~100x slower (measured: 14 s against
+#: 0.09 s for 10 x 11.7 M values; see benchmarks/results/perf_aggregate.md).
+BLOCK = 1 << 15
 
 
 def normalize(weights: Sequence[float] | torch.Tensor) -> torch.Tensor:
