@@ -305,10 +305,13 @@ def test_median_matches_numpy(k: int, monkeypatch) -> None:  # type: ignore[no-u
 
     import fl_aggregators.functional as F
 
-    monkeypatch.setattr(F, "BLOCK", 1000)
+    monkeypatch.setattr(F, "MEDIAN_BLOCK", 1000)  # several blocks on both paths
     ts = [torch.randn(3, 1111) for _ in range(k)]
+    ts[-1][1, 5] = float("nan")
     expected = np.median(np.stack([t.numpy() for t in ts]), axis=0)
-    assert np.allclose(median(ts).numpy(), expected)
+    got = median(ts).numpy()
+    assert np.isnan(got[1, 5]) and np.isnan(got).sum() == 1
+    assert np.allclose(got, expected, equal_nan=True)
 
 
 def test_integer_average_on_a_half_does_not_depend_on_client_order() -> None:
