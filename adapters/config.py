@@ -16,6 +16,9 @@ FRAMEWORKS = ("fedlab", "fedlab-distributed", "fedml-sp", "fedml-mpi", "fedml-cr
 DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
 MODELS = ("thesis_cnn", "astraea_cnn")
 OPTIMIZERS = ("adam", "sgd")
+#: ``clients``: every client's test split, weighted by size (the thesis); ``test``: the
+#: dataset's own test set (balanced for Fashion-MNIST; what Astraea reports).
+EVAL_DATA = ("clients", "test")
 
 
 class ConfigError(ValueError):
@@ -70,6 +73,7 @@ class RunConfig:
     split: list[float] = field(default_factory=lambda: [0.7, 0.1, 0.2])
     max_samples: int | None = None
     eval_every: int = 1
+    eval_data: str = "clients"
     port: int = 29500
 
     def __post_init__(self) -> None:
@@ -81,6 +85,11 @@ class RunConfig:
             raise ConfigError(f"dataset must be one of {', '.join(DATASETS)}; got {self.dataset!r}")
         _choice("model", self.model, MODELS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("eval_data", self.eval_data, EVAL_DATA)
+        if self.eval_data == "test" and self.framework.startswith("fedml"):
+            raise ConfigError(
+                f"eval_data: test is for the FedLab frameworks; {self.framework} reports FedML's own test metrics"
+            )
         if isinstance(self.partition, str):
             self.partition = {"name": self.partition}
         if not isinstance(self.partition, dict) or not isinstance(self.partition.get("name"), str):

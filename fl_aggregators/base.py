@@ -77,6 +77,10 @@ class Aggregator(ABC):
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """New global tensors from accepted clients, and the weights applied (summing to 1)."""
 
+    def _take_extra(self) -> dict[str, Any]:
+        """Aggregator-specific keys for this round's result and record (none by default)."""
+        return {}
+
     def _commit(self) -> None:  # noqa: B027 - optional hook, a no-op unless state is kept
         """Called once a round's result is final (stateful aggregators update state here)."""
 
@@ -169,6 +173,7 @@ class Aggregator(ABC):
             clients=ids,
             rejected=[Rejection(ids[i], r) for i, r in sorted(rejected.items())],
             skipped=skipped,
+            extra=self._take_extra(),
         )
         self._record(host, ids, updates, result)
         return result

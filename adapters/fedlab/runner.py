@@ -94,9 +94,16 @@ class MetricsWriter:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         self.path.write_text("")
-        self.test = [exp.data.get_dataset(c, "test") for c in range(exp.data.num)]
+        if exp.config.eval_data == "test":
+            from fedbalance_benchmarks.datasets import load_dataset
+
+            cfg = exp.config
+            self.test = [load_dataset(cfg.dataset, train=False, data_dir=cfg.data_dir)]
+        else:
+            self.test = [exp.data.get_dataset(c, "test") for c in range(exp.data.num)]
         self.param_bytes = sum(p.numel() * p.element_size() for p in exp.model.parameters())
         self.rows: list[dict[str, Any]] = []
+        self.astraea: Any = None  # the AstraeaPlanner of an Astraea run
         self.started = time.perf_counter()
         self.bar = None
         if progress:
@@ -129,6 +136,11 @@ class MetricsWriter:
         if rnd % self.exp.config.eval_every == 0 or rnd == self.exp.config.rounds:
             loss, acc, n = evaluate(handler.model, self.test)
             row.update(test_loss=loss, test_accuracy=acc, test_samples=n)
+        traffic = result.extra.get("bytes")
+        if traffic is not None and bytes_down is None:  # Astraea: server and mediator hops
+            hops = traffic["mediator_clients"] // 2
+            bytes_down, bytes_up = traffic["server_down"] + hops, traffic["server_up"] + hops
+            row.update(mediators=result.extra["mediators"], mediator_kl=result.extra["kl"])
         # Parameters down to each sampled client and up again, plus fedbalance's 3-float meta.
         row["bytes_down"] = bytes_down if bytes_down is not None else k * self.param_bytes
         row["bytes_up"] = bytes_up if bytes_up is not None else k * (self.param_bytes + 12)
@@ -156,16 +168,29 @@ class MetricsWriter:
             "bytes_down": sum(r["bytes_down"] for r in self.rows),
             "elapsed_s": round(time.perf_counter() - self.started, 3),
         }
+        if self.astraea is not None:
+            kl = self.astraea.client_kl()
+            med = [v for r in self.rows for v in r.get("mediator_kl", [])]
+            doc["astraea"] = {
+                **self.astraea.plan.as_dict(),
+                "client_kl_before": kl["before"],
+                "client_kl_after": kl["after"],
+                "mediator_kl_mean": sum(med) / len(med) if med else None,
+            }
         (self.out_dir / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
         return doc
 
 
+def is_mediated(aggregator: str) -> bool:
+    """Whether the named aggregator trains through mediator chains (Astraea)."""
+    from fl_adapters.registry import get_registry
+
+    return bool(getattr(get_registry().aggregator(aggregator), "mediated", False))
+
+
 def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandler:
     cfg = exp.config
-    return FedBalanceServerHandler(
-        exp.model,
-        cfg.rounds,
-        cfg.clients_per_round / cfg.num_clients,
+    kwargs: dict[str, Any] = dict(
         aggregator=cfg.aggregator,
         aggregator_args=cfg.aggregator_args,
         seed=cfg.seed,
@@ -173,12 +198,28 @@ def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandl
         host="fedlab" if cfg.framework == "fedlab" else "fedlab-distributed",
         on_round=on_round,
     )
+    rounds, ratio = cfg.rounds, cfg.clients_per_round / cfg.num_clients
+    if is_mediated(cfg.aggregator):
+        from fl_adapters.fedlab.astraea import AstraeaServerHandler, label_matrix
+
+        counts = label_matrix(exp.data, exp.num_classes)
+        return AstraeaServerHandler(exp.model, rounds, ratio, class_counts=counts, **kwargs)
+    return FedBalanceServerHandler(exp.model, rounds, ratio, **kwargs)
+
+
+def refuse_mediated(config: RunConfig) -> None:
+    if is_mediated(config.aggregator):
+        raise ValueError(
+            f"aggregator {config.aggregator!r} trains through mediator chains, which need every "
+            "member's data in one process: use framework: fedlab (standalone) or fedml-sp"
+        )
 
 
 def run_standalone(config: RunConfig, out_dir: Path, progress: bool = True) -> dict[str, Any]:
     """One run in FedLab's ``StandalonePipeline``; returns the summary."""
     from fedlab.core.standalone import StandalonePipeline
 
+    from fl_adapters.fedlab.astraea import AstraeaSerialTrainer, AstraeaServerHandler
     from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer
 
     class Pipeline(StandalonePipeline):
@@ -188,7 +229,14 @@ def run_standalone(config: RunConfig, out_dir: Path, progress: bool = True) -> d
     exp = build(config)
     writer = MetricsWriter(exp, out_dir, progress)
     handler = make_handler(exp, on_round=writer)
-    trainer = FedBalanceSerialTrainer(_copy_model(exp.model), exp.data, exp.local)
+    trainer: FedBalanceSerialTrainer
+    if isinstance(handler, AstraeaServerHandler):
+        trainer = AstraeaSerialTrainer(
+            _copy_model(exp.model), exp.data, exp.local, handler.astraea.mediator_epochs
+        )
+        writer.astraea = handler.planner
+    else:
+        trainer = FedBalanceSerialTrainer(_copy_model(exp.model), exp.data, exp.local)
     Pipeline(handler, trainer).main()
     return writer.summary()
 
@@ -222,6 +270,7 @@ def run_server(
     from fedlab.core.network import DistNetwork
     from fedlab.core.server.manager import SynchronousServerManager
 
+    refuse_mediated(config)
     exp = build(config)
     writer = MetricsWriter(exp, out_dir, progress)
     network = DistNetwork((host, str(config.port)), world_size=world_size, rank=0)
@@ -247,6 +296,7 @@ def run_client(config: RunConfig, rank: int, world_size: int, host: str = "127.0
 
     from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer
 
+    refuse_mediated(config)
     if not 1 <= rank < world_size:
         raise ValueError(f"rank must be between 1 and world_size-1={world_size - 1}, got {rank}")
     exp = build(config)
@@ -264,6 +314,7 @@ def run_distributed(
     timeout: float = 3600,
 ) -> dict[str, Any]:
     """Launch one server and ``client_processes`` client processes on 127.0.0.1 and wait."""
+    refuse_mediated(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     if config_path is None:
         import yaml

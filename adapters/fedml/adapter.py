@@ -174,11 +174,18 @@ def validate(args: Any) -> None:
         return
     from fl_adapters.registry import get_registry
 
-    get_registry().make_aggregator(chosen[0], **chosen[1])
+    agg = get_registry().make_aggregator(chosen[0], **chosen[1])
     mode = (str(getattr(args, "training_type", "")), str(getattr(args, "backend", "")))
     if mode not in HOSTS:
         raise ValueError(
             f"fedbalance aggregators run in FedML modes {sorted(HOSTS)}; got training_type/backend {mode}"
+        )
+    if getattr(agg, "mediated", False) and HOSTS[mode] != "fedml-sp":
+        raise ValueError(
+            f"aggregator {chosen[0]!r} trains through mediator chains, which fedbalance runs in "
+            f"FedML's sp simulation only (training_type: simulation, backend: sp); got {mode}. "
+            "FedML's MPI server managers send every sampled client the global model and wait "
+            "for all of them; relaying a model from one client to the next is not built yet."
         )
 
 
@@ -198,6 +205,8 @@ def _wrap(cls: Any, method: str, host: str, replacement: Any) -> None:
 
 
 def _sp_client_train(self: Any, original: Any, w_global: Any) -> Any:
+    if "astraea" in STATE:
+        return STATE["astraea"].train_slot(self, w_global)
     return train_with_validation(
         self.model_trainer,
         w_global,
@@ -211,10 +220,20 @@ def _sp_client_train(self: Any, original: Any, w_global: Any) -> Any:
 def _sp_sampling(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
     # The round's global model, before the clients train the shared model object in place.
     STATE["round_global"] = copy.deepcopy(self.model_trainer.get_model_params())
-    return original(self, *a, **kw)
+    sampled = original(self, *a, **kw)
+    agg = STATE["aggregator"]
+    if not getattr(agg, "mediated", False):
+        return sampled
+    if "astraea" not in STATE:
+        from fl_adapters.fedml.astraea import SpAstraea
+
+        STATE["astraea"] = SpAstraea(self, agg, STATE["seed"])
+    return STATE["astraea"].sample(sampled)
 
 
 def _sp_aggregate(self: Any, original: Any, w_locals: list[tuple[Any, Any]]) -> Any:
+    if "astraea" in STATE:  # one update per mediator, not per client slot
+        w_locals = STATE["astraea"].model_list()
     return aggregate(w_locals, STATE["round_global"])
 
 

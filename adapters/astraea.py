@@ -1,0 +1,212 @@
+"""Astraea's host-independent pieces: the server's planner and the clients' rebalancing.
+
+The host adapters (:mod:`fl_adapters.fedlab.astraea`, :mod:`fl_adapters.fedml.astraea`) run
+rounds in their framework's loop and call these:
+
+* :class:`AstraeaPlanner` (server): from the clients' reported label counts, the z-score plan
+  (:func:`~fl_aggregators.astraea_plan.plan_rebalance`) and, each round, the mediators of the
+  sampled clients (:func:`~fl_aggregators.astraea_plan.assign_mediators`) with their KL values.
+* :func:`rebalance` (client): keeps a majority-class sample with probability ``Rad[y]`` and
+  adds ``Rad[y] - 1`` augmented copies of each minority-class sample (in expectation: the
+  integer part always, the fractional part with that probability), made with torchvision's
+  ``RandomAffine`` (shift, rotation, shear, zoom), then shuffles.
+* :func:`run_mediator` (mediator): passes the model through its clients in order, for
+  ``mediator_epochs`` passes, each client training from the previous client's result.
+
+What the paper leaves open, and what we chose:
+
+* Augmentation parameters. The paper names shift, rotation, shear and zoom (Keras's
+  ``ImageDataGenerator``) without values; we use ``RandomAffine(degrees=15,
+  translate=(0.1, 0.1), scale=(0.9, 1.1), shear=10)`` (:data:`AFFINE`).
+* Rebalancing happens once, before the first round (the paper's initialisation); a client's
+  rebalanced data is fixed by ``(seed, client)``.
+* The server reschedules on each client's *expected* counts after rebalancing
+  (``counts x Rad``): clients report their label counts once, and the expectation is what the
+  server can know without a second report.
+* Mediators are formed each round among that round's sampled clients; client ids in the plan
+  are sorted before the greedy pass, so ties go to the lowest id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from fl_aggregators.astraea import Astraea
+from fl_aggregators.astraea_plan import (
+    RebalancePlan,
+    assign_mediators,
+    check_counts,
+    client_kl,
+    expected_counts_after,
+    mediator_kl,
+    plan_rebalance,
+)
+
+log = logging.getLogger(__name__)
+
+#: ``torchvision.transforms.RandomAffine`` arguments of the augmentation.
+AFFINE: dict[str, Any] = {
+    "degrees": 15.0,
+    "translate": (0.1, 0.1),
+    "scale": (0.9, 1.1),
+    "shear": 10.0,
+}
+
+P = TypeVar("P")
+
+
+class AstraeaPlanner:
+    """The server's Astraea state: the rebalancing plan and each round's mediators.
+
+    Parameters
+    ----------
+    counts : clients x classes label counts, as the clients report them (row = client id).
+    aggregator : the run's :class:`~fl_aggregators.astraea.Astraea` (its ``tau_d``, ``gamma``,
+        ``augment`` and ``mediators``).
+    """
+
+    def __init__(self, counts: Any, aggregator: Astraea) -> None:
+        self.counts = check_counts(counts, "client label counts")
+        self.aggregator = aggregator
+        classes = self.counts.shape[1]
+        if aggregator.augment:
+            self.plan = plan_rebalance(self.counts, aggregator.tau_d)
+        else:  # mediators only: nothing is rescaled
+            self.plan = RebalancePlan(
+                z=np.zeros(classes),
+                rad=np.ones(classes),
+                augment=[],
+                downsample=[],
+                mu=float(self.counts.sum(axis=0).mean()),
+                sigma=0.0,
+                tau_d=aggregator.tau_d,
+            )
+        self.expected = expected_counts_after(self.counts, self.plan)
+        if self.plan.augment or self.plan.downsample:
+            log.info(
+                "astraea: augment classes %s, downsample %s (rad %s)",
+                self.plan.augment,
+                self.plan.downsample,
+                np.round(self.plan.rad, 3).tolist(),
+            )
+
+    @property
+    def rad(self) -> NDArray[np.float64]:
+        return self.plan.rad
+
+    def mediators(self, sampled: Sequence[int]) -> list[list[int]]:
+        """Algorithm 3 over this round's sampled clients: client ids per mediator, in order."""
+        ids = sorted(int(c) for c in sampled)
+        groups = assign_mediators(self.expected[ids], self.aggregator.group_size)
+        return [[ids[i] for i in g] for g in groups]
+
+    def mediator_kl(self, mediators: list[list[int]]) -> list[float]:
+        return mediator_kl(self.expected, mediators)
+
+    def client_kl(self) -> dict[str, list[float]]:
+        """Each client's KL to uniform before and (expected) after rebalancing."""
+        return {"before": client_kl(self.counts), "after": client_kl(self.expected)}
+
+
+def rebalance(
+    x: torch.Tensor, y: torch.Tensor, rad: Any, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One client's data rebalanced by ``rad`` (per class), deterministically from ``seed``.
+
+    ``x`` is a batch of images ``(N, C, H, W)``; returns new ``(x, y)`` tensors, shuffled.
+    """
+    ratios = torch.as_tensor(np.asarray(rad, dtype=np.float64))
+    if len(y) == 0:
+        return x, y
+    if int(y.max()) >= len(ratios) or int(y.min()) < 0:
+        raise ValueError(
+            f"labels must lie in [0, {len(ratios)}), got [{int(y.min())}, {int(y.max())}]"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    r = ratios[y.long()]
+    draw = torch.rand(len(y), generator=gen, dtype=torch.float64)
+    keep = (r >= 1) | (draw < r)
+    extra = (r - 1).clamp(min=0)
+    copies = (
+        extra.floor().long()
+        + (torch.rand(len(y), generator=gen, dtype=torch.float64) < extra.frac()).long()
+    )
+    parts_x, parts_y = [x[keep]], [y[keep]]
+    if int(copies.sum()) > 0:
+        source = torch.repeat_interleave(torch.arange(len(y)), copies)
+        parts_x.append(augment_images(x[source], int(torch.randint(2**62, (1,), generator=gen))))
+        parts_y.append(y[source])
+    x2, y2 = torch.cat(parts_x), torch.cat(parts_y)
+    order = torch.randperm(len(y2), generator=gen)
+    return x2[order], y2[order]
+
+
+def augment_images(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """A random affine transform of each image in ``x`` (its own draw per image), seeded."""
+    try:
+        from torchvision.transforms import RandomAffine
+    except ImportError as e:  # pragma: no cover - torchvision comes with the fedlab/bench extras
+        raise ImportError(
+            "Astraea's augmentation needs torchvision: pip install 'fedbalance[bench]'"
+        ) from e
+    transform = RandomAffine(**AFFINE)
+    out = torch.empty_like(x)
+    with torch.random.fork_rng(devices=[]):  # RandomAffine draws from torch's global RNG
+        torch.manual_seed(seed)
+        for i in range(len(x)):
+            out[i] = transform(x[i])
+    return out
+
+
+def label_counts(y: torch.Tensor | NDArray[Any], num_classes: int) -> NDArray[np.int64]:
+    return np.bincount(np.asarray(y, dtype=np.int64), minlength=num_classes)[:num_classes]
+
+
+@dataclass
+class MediatorResult:
+    """A mediator's model after its pass, its sample count and the order it trained in."""
+
+    params: Any
+    num_samples: int
+    trace: list[int]
+
+
+def run_mediator(
+    members: Sequence[int],
+    start: P,
+    train_one: Callable[[int, P], tuple[P, int]],
+    mediator_epochs: int,
+) -> MediatorResult:
+    """Algorithm 1's mediator: ``train_one(client, params) -> (params, n)`` for each client in
+    order, each starting from the previous client's result, ``mediator_epochs`` times."""
+    params, trace, sizes = start, [], {}
+    for _ in range(mediator_epochs):
+        for client in members:
+            params, n = train_one(int(client), params)
+            sizes[int(client)] = n
+            trace.append(int(client))
+    return MediatorResult(params, sum(sizes.values()), trace)
+
+
+def round_traffic(
+    param_bytes: int, mediators: list[list[int]], mediator_epochs: int, extra_down: int = 0
+) -> dict[str, int]:
+    """Bytes one Astraea round moves: server <-> mediators, and mediators <-> their clients.
+
+    ``extra_down`` is what the downlink carries besides the parameters (plan, layout) per
+    mediator. Each client visit moves the model to the client and back.
+    """
+    m = len(mediators)
+    visits = mediator_epochs * sum(len(g) for g in mediators)
+    return {
+        "server_down": m * (param_bytes + extra_down),
+        "server_up": m * param_bytes,
+        "mediator_clients": 2 * param_bytes * visits,
+    }

@@ -1,0 +1,305 @@
+"""Astraea end to end: rebalancing, mediator chains, and runs in FedLab standalone and FedML sp."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from helpers import records
+
+from fl_adapters.astraea import AstraeaPlanner, rebalance, round_traffic, run_mediator
+from fl_aggregators.astraea import Astraea, paper_traffic
+from fl_aggregators.astraea_plan import assign_mediators, plan_rebalance
+
+
+def images(n: int, classes: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.tensor([classes[i % len(classes)] for i in range(n)])
+    return torch.rand(n, 1, 12, 12, generator=g), y
+
+
+# -- the aggregator's parameters ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"gamma": 0}, "gamma"),
+        ({"gamma": 2.5}, "gamma"),
+        ({"mediator_epochs": 0}, "mediator_epochs"),
+        ({"tau_d": -1.0}, "tau_d"),
+        ({"augment": "yes"}, "augment"),
+        ({"mediators": 1}, "mediators"),
+    ],
+)
+def test_bad_parameters_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        Astraea(**kwargs)
+
+
+def test_mediators_off_means_one_client_per_mediator() -> None:
+    assert Astraea(gamma=4).group_size == 4 and Astraea(gamma=4, mediators=False).group_size == 1
+
+
+def test_traffic_matches_the_papers_model_for_one_mediator_epoch() -> None:
+    mediators = [[0, 1, 2], [3, 4, 5], [6]]
+    t = round_traffic(1000, mediators, mediator_epochs=1)
+    assert sum(t.values()) == paper_traffic(1000, clients=7, gamma=3) == 2 * 1000 * (3 + 7)
+    assert round_traffic(1000, mediators, 2)["mediator_clients"] == 2 * 1000 * 2 * 7
+
+
+# -- the client's rebalancing -------------------------------------------------------------------
+def test_rebalance_downsamples_and_augments_by_rad_in_expectation() -> None:
+    x, y = images(3000, [0, 1, 2])  # 1000 per class
+    rad = [0.4, 1.0, 2.5]
+    x2, y2 = rebalance(x, y, rad, seed=7)
+    counts = np.bincount(y2.numpy(), minlength=3)
+    assert counts[1] == 1000  # untouched class: every sample, once
+    assert abs(counts[0] - 400) < 4 * np.sqrt(1000 * 0.4 * 0.6)  # binomial(1000, 0.4)
+    assert 2000 + 0 <= counts[2] <= 3000 and abs(counts[2] - 2500) < 4 * np.sqrt(1000 * 0.25)
+    assert x2.shape[1:] == x.shape[1:] and len(x2) == len(y2)
+    # The originals of class 1 are all there, unchanged; the extra class-2 images are new.
+    originals = {tuple(v.flatten().tolist()) for v in x[y == 2]}
+    new = [v for v in x2[y2 == 2] if tuple(v.flatten().tolist()) not in originals]
+    # (a draw of near-zero shift, angle, shear and zoom can reproduce an original exactly
+    # under nearest-neighbour interpolation: ~1 % on 12 x 12 images)
+    assert 0.95 * (counts[2] - 1000) <= len(new) <= counts[2] - 1000
+    assert not torch.equal(y2, torch.sort(y2).values)  # shuffled
+
+
+def test_rebalance_is_reproducible_from_the_seed() -> None:
+    x, y = images(300, [0, 1, 2])
+    a, b, c = (rebalance(x, y, [0.5, 1.0, 1.7], seed=s) for s in (3, 3, 4))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not (len(a[1]) == len(c[1]) and torch.equal(a[0], c[0]))
+
+
+def test_rebalance_rejects_labels_outside_the_plan() -> None:
+    x, y = images(10, [0, 5])
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+        rebalance(x, y, [1.0, 1.0, 1.0], seed=0)
+
+
+# -- the mediator ---------------------------------------------------------------------------------
+def test_mediator_trains_its_clients_in_order_each_from_the_previous_result() -> None:
+    seen: list[tuple[int, str]] = []
+
+    def train_one(client: int, params: str) -> tuple[str, int]:
+        seen.append((client, params))
+        return params + str(client), 10 * (client + 1)
+
+    result = run_mediator([4, 1, 7], "w", train_one, mediator_epochs=2)
+    assert result.trace == [4, 1, 7, 4, 1, 7]
+    assert seen[0] == (4, "w") and seen[1] == (1, "w4") and seen[3] == (4, "w417")
+    assert result.params == "w417417" and result.num_samples == 50 + 20 + 80
+
+
+def test_planner_groups_the_sampled_clients_greedily() -> None:
+    counts = np.array([[90, 10], [10, 90], [50, 50], [80, 20], [20, 80], [40, 60]])
+    planner = AstraeaPlanner(counts, Astraea(gamma=2, augment=False))
+    assert planner.rad.tolist() == [1.0, 1.0]
+    # Sampled 5, 0, 1, 3. By hand: 5 (40/60) is the most balanced, so it opens the first
+    # mediator; with 3 the pool is 120/80, with 0 130/70, with 1 50/150: 3 joins. Then 0
+    # (90/10) and 1 (10/90) tie; the lower id goes first, and 1 makes the pool 100/100.
+    mediators = planner.mediators([5, 0, 1, 3])
+    assert mediators == [[5, 3], [0, 1]]
+    kl = planner.mediator_kl(mediators)
+    assert kl[1] == pytest.approx(0.0)
+    assert kl[0] == pytest.approx(0.6 * np.log(1.2) + 0.4 * np.log(0.8))
+
+
+def test_planner_schedules_on_expected_counts_after_rebalancing() -> None:
+    counts = np.array([[300, 10, 10], [10, 300, 10], [100, 100, 2], [5, 5, 20]])
+    planner = AstraeaPlanner(counts, Astraea(gamma=2, tau_d=3.0))
+    plan = plan_rebalance(counts, 3.0)
+    assert planner.rad.tolist() == plan.rad.tolist() and plan.augment == [2]
+    assert np.allclose(planner.expected, counts * plan.rad)
+    assert planner.mediators([0, 1, 2, 3]) == [
+        [[0, 1, 2, 3][i] for i in g] for g in assign_mediators(counts * plan.rad, 2)
+    ]
+    kl = planner.client_kl()
+    # Class 2 is augmented ~4x: client 2, short of it, gets closer to uniform; client 3,
+    # already rich in it, gets further away.
+    assert kl["after"][2] < kl["before"][2] and kl["after"][3] > kl["before"][3]
+
+
+# -- FedLab standalone ----------------------------------------------------------------------------
+fedlab = pytest.importorskip("fedlab")
+
+
+def astraea_config(**overrides: object):  # type: ignore[no-untyped-def]
+    from fl_adapters.config import RunConfig
+
+    base: dict[str, object] = dict(
+        framework="fedlab",
+        dataset="digits",
+        partition={
+            "name": "global_imbalance",
+            "profile": "zipf",
+            "exponent": 1.2,
+            "then": {"name": "label_dirichlet", "beta": 0.5},
+        },
+        aggregator="astraea",
+        aggregator_args={"gamma": 2, "tau_d": 2.0},
+        num_clients=8,
+        clients_per_round=5,
+        rounds=3,
+        local_epochs=1,
+        batch_size=32,
+        seed=5,
+    )
+    base.update(overrides)
+    return RunConfig.from_dict(base)
+
+
+def run_pipeline(cfg):  # type: ignore[no-untyped-def]
+    """FedLab's real StandalonePipeline with the Astraea handler and trainer; returns both."""
+    from fedlab.core.standalone import StandalonePipeline
+
+    from fl_adapters.fedlab.astraea import AstraeaSerialTrainer, AstraeaServerHandler
+    from fl_adapters.fedlab.runner import build, make_handler
+
+    exp = build(cfg)
+    per_round: list[list[list[int]]] = []
+    handler = make_handler(exp, on_round=lambda h, r: per_round.append(h.round_mediators))
+    assert isinstance(handler, AstraeaServerHandler)
+    import copy
+
+    trainer = AstraeaSerialTrainer(copy.deepcopy(exp.model), exp.data, exp.local, 2)
+
+    class Pipeline(StandalonePipeline):
+        def evaluate(self) -> None:
+            pass
+
+    Pipeline(handler, trainer).main()
+    return handler, trainer, per_round
+
+
+def test_fedlab_mediators_visit_their_clients_in_order() -> None:
+    handler, trainer, per_round = run_pipeline(astraea_config(rounds=2))
+    assert len(per_round) == 2
+    expected = [
+        (r + 1, m, c)
+        for r, mediators in enumerate(per_round)
+        for m, members in enumerate(mediators)
+        for c in members * 2  # mediator_epochs = 2
+    ]
+    assert trainer.trace == expected
+    for mediators in per_round:
+        assert sorted(c for g in mediators for c in g) == sorted(
+            set(c for g in mediators for c in g)
+        )
+        assert len(mediators) == 3 and all(len(g) <= 2 for g in mediators)  # 5 clients, gamma 2
+
+
+def test_fedlab_standalone_astraea_records_mediators_kl_and_bytes(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    from fl_adapters.fedlab.runner import run_standalone
+
+    rec = tmp_path / "rec.jsonl"
+    monkeypatch.setenv("FEDBALANCE_RECORD", str(rec))
+    summary = run_standalone(astraea_config(), tmp_path / "a", progress=False)
+    lines = records(rec)
+    assert [r["round"] for r in lines] == [1, 2, 3]
+    for r in lines:
+        assert r["aggregator"] == "astraea" and r["host"] == "fedlab"
+        members = r["mediators"]
+        assert len(members) == len(r["clients"]) == len(r["kl"]) == 3
+        assert sorted(c for g in members for c in g) == sorted({c for g in members for c in g})
+        assert all(k >= 0 for k in r["kl"])
+        assert r["weights"] == pytest.approx([n / sum(r["num_samples"]) for n in r["num_samples"]])
+        param_bytes = r["bytes"]["server_up"] // 3  # one model up per mediator
+        assert r["bytes"]["mediator_clients"] == 2 * param_bytes * 5  # 5 clients, one visit each
+        assert r["bytes"]["server_down"] > r["bytes"]["server_up"]  # plus rad and layout
+    astraea = summary["astraea"]
+    assert astraea["augment"] and astraea["downsample"]  # zipf: one big class, a long tail
+    assert np.mean(astraea["client_kl_after"]) < np.mean(astraea["client_kl_before"])
+    assert astraea["mediator_kl_mean"] == pytest.approx(
+        np.mean([k for r in lines for k in r["kl"]])
+    )
+    metrics = records(tmp_path / "a" / "metrics.jsonl")
+    assert all(m["bytes_up"] > 0 and len(m["mediators"]) == 3 for m in metrics)
+
+    again = run_standalone(astraea_config(), tmp_path / "b", progress=False)
+    assert again["final_accuracy"] == summary["final_accuracy"]
+    assert records(tmp_path / "b" / "metrics.jsonl")[-1]["test_loss"] == metrics[-1]["test_loss"]
+    assert [r["mediators"] for r in records(rec)[3:]] == [r["mediators"] for r in lines]
+
+
+def test_fedlab_cross_process_refuses_astraea(tmp_path: Path) -> None:
+    from fl_adapters.fedlab.runner import run_distributed
+
+    with pytest.raises(ValueError, match="mediator chains"):
+        run_distributed(astraea_config(framework="fedlab-distributed"), tmp_path)
+
+
+# -- FedML sp -------------------------------------------------------------------------------------
+EXAMPLE = Path(__file__).resolve().parents[1] / "benchmarks" / "fedml_example"
+
+
+def fedml_config(tmp_path: Path, name: str = "sp.yaml", **train_args: object) -> Path:
+    doc = yaml.safe_load((EXAMPLE / name).read_text())
+    doc["data_args"]["max_samples"] = 2000
+    doc["data_args"]["partition_spec"] = {
+        "name": "global_imbalance",
+        "profile": "zipf",
+        "exponent": 1.2,
+        "then": {"name": "label_dirichlet", "beta": 0.5},
+    }
+    doc["train_args"].update(
+        aggregator="astraea",
+        aggregator_args={"gamma": 2, "tau_d": 2.0},
+        client_num_in_total=6,
+        client_num_per_round=4,
+        comm_round=2,
+    )
+    doc["train_args"].update(train_args)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.slow
+def test_fedml_sp_runs_astraea_and_records_mediators(tmp_path: Path) -> None:
+    pytest.importorskip("fedml")
+    import subprocess
+
+    recs = []
+    for run in ("a", "b"):
+        rec = tmp_path / f"{run}.jsonl"
+        out = subprocess.run(
+            [sys.executable, str(EXAMPLE / "main.py"), "--cf", str(fedml_config(tmp_path))],
+            cwd=tmp_path,
+            env={**__import__("os").environ, "FEDBALANCE_RECORD": str(rec)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        recs.append(records(rec))
+    lines = recs[0]
+    assert [r["round"] for r in lines] == [1, 2]
+    for r in lines:
+        assert r["host"] == "fedml-sp" and r["aggregator"] == "astraea"
+        assert len(r["mediators"]) == 2 and all(len(g) == 2 for g in r["mediators"])
+        assert r["clients"] == [0, 1] and len(r["kl"]) == 2
+        assert r["bytes"]["server_down"] > 0 and r["bytes"]["mediator_clients"] > 0
+        assert r["weights"] == pytest.approx([n / sum(r["num_samples"]) for n in r["num_samples"]])
+    assert json.dumps(recs[0]) == json.dumps(recs[1])  # same seed: same plan, same weights
+
+
+def test_fedml_mpi_modes_refuse_astraea() -> None:
+    pytest.importorskip("fedml")
+    from types import SimpleNamespace
+
+    from fl_adapters.fedml.adapter import validate
+
+    args = SimpleNamespace(
+        aggregator="astraea", aggregator_args={}, training_type="cross_silo", backend="MPI"
+    )
+    with pytest.raises(ValueError, match="sp simulation only"):
+        validate(args)
