@@ -226,6 +226,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 #: ``fedbalance bench NAME`` -> module with ``main(argv)``; runnable from an installed wheel.
 BENCHES = {
+    "astraea": "fedbalance_benchmarks.astraea",
     "fedlab-overhead": "fedbalance_benchmarks.perf_fedlab_overhead",
     "fedml-overhead": "fedbalance_benchmarks.perf_fedml_overhead",
     "perf-aggregate": "fedbalance_benchmarks.perf_aggregate",

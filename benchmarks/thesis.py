@@ -85,10 +85,21 @@ def _suffix(opts: dict[str, Any]) -> str:
     return host + ("_quick" if opts["quick"] else "")
 
 
-def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run (or resume) every (scenario, aggregator, seed); return per-run curves."""
+def run_jobs(jobs: list[tuple[dict[str, Any], Path]], workers: int, desc: str) -> None:
+    """Run each ``(config, out_dir)`` whose ``summary.json`` is missing, in worker processes."""
     from tqdm import tqdm
 
+    todo = [(cfg, out) for cfg, out in jobs if not (out / "summary.json").exists()]
+    if not todo:
+        return
+    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init) as pool:
+        futures = [pool.submit(_run_one, cfg, str(out)) for cfg, out in todo]
+        for fut in tqdm(as_completed(futures), total=len(futures), desc=f"{desc} runs", unit="run"):
+            fut.result()
+
+
+def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run (or resume) every (scenario, aggregator, seed); return per-run curves."""
     runs_dir = Path(opts["runs_dir"]) / f"{opts['dataset']}{_suffix(opts)}"
     jobs = []
     for scenario in opts["scenarios"]:
@@ -96,17 +107,9 @@ def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
             for seed in range(opts["seeds"]):
                 out = runs_dir / scenario / agg / f"seed{seed}"
                 jobs.append((scenario, agg, seed, out))
-    todo = [j for j in jobs if not (j[3] / "summary.json").exists()]
-    if todo:
-        with ProcessPoolExecutor(max_workers=opts["workers"], initializer=_worker_init) as pool:
-            futures = {
-                pool.submit(_run_one, run_config(s, a, seed, opts), str(out)): (s, a, seed)
-                for s, a, seed, out in todo
-            }
-            for fut in tqdm(
-                as_completed(futures), total=len(futures), desc="thesis runs", unit="run"
-            ):
-                fut.result()
+    run_jobs(
+        [(run_config(s, a, seed, opts), out) for s, a, seed, out in jobs], opts["workers"], "thesis"
+    )
     curves = []
     for scenario, agg, seed, out in jobs:
         rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -123,7 +126,7 @@ def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
     return curves
 
 
-def _mean_std(values: list[float]) -> str:
+def mean_std(values: list[float]) -> str:
     if not values:
         return "-"
     sd = statistics.pstdev(values) if len(values) > 1 else 0.0
@@ -141,12 +144,12 @@ def tables(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
         for agg in opts["aggregators"]:
             runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
             cells = [
-                _mean_std([c["accuracy"][c["rounds"].index(r)] for c in runs if r in c["rounds"]])
+                mean_std([c["accuracy"][c["rounds"].index(r)] for c in runs if r in c["rounds"]])
                 for r in checkpoints
             ]
             best = [max(c["accuracy"]) for c in runs]
             best_round = [c["rounds"][c["accuracy"].index(max(c["accuracy"]))] for c in runs]
-            rows.append([agg, *cells, _mean_std(best), f"{statistics.mean(best_round):.0f}"])
+            rows.append([agg, *cells, mean_std(best), f"{statistics.mean(best_round):.0f}"])
         header = ["aggregator", *[f"acc@{r}" for r in checkpoints], "best acc", "best round (mean)"]
         out.append(
             f"### {scenario}: `{json.dumps(SCENARIOS[scenario])}`\n\n"
