@@ -140,6 +140,11 @@ def rebalance(
     )
     parts_x, parts_y = [x[keep]], [y[keep]]
     if int(copies.sum()) > 0:
+        if x.dim() != 4:
+            raise ValueError(
+                "Astraea's augmentation transforms images: client inputs must be (N, C, H, W), "
+                f"got shape {tuple(x.shape)}; set augment: false to run mediators only"
+            )
         source = torch.repeat_interleave(torch.arange(len(y)), copies)
         parts_x.append(augment_images(x[source], int(torch.randint(2**62, (1,), generator=gen))))
         parts_y.append(y[source])
@@ -201,10 +206,12 @@ def round_traffic(
     """Bytes one Astraea round moves: server <-> mediators, and mediators <-> their clients.
 
     ``extra_down`` is what the downlink carries besides the parameters (plan, layout) per
-    mediator. Each client visit moves the model to the client and back.
+    mediator. Each client visit moves the model to the client and back, except in a mediator
+    of one client: that client is its own mediator (with ``mediators: false`` every client
+    is, and the traffic is plain FedAvg's).
     """
     m = len(mediators)
-    visits = mediator_epochs * sum(len(g) for g in mediators)
+    visits = mediator_epochs * sum(len(g) for g in mediators if len(g) > 1)
     return {
         "server_down": m * (param_bytes + extra_down),
         "server_up": m * param_bytes,

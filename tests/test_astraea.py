@@ -45,10 +45,14 @@ def test_mediators_off_means_one_client_per_mediator() -> None:
 
 
 def test_traffic_matches_the_papers_model_for_one_mediator_epoch() -> None:
-    mediators = [[0, 1, 2], [3, 4, 5], [6]]
+    mediators = [[0, 1, 2], [3, 4, 5], [6, 7]]
     t = round_traffic(1000, mediators, mediator_epochs=1)
-    assert sum(t.values()) == paper_traffic(1000, clients=7, gamma=3) == 2 * 1000 * (3 + 7)
-    assert round_traffic(1000, mediators, 2)["mediator_clients"] == 2 * 1000 * 2 * 7
+    assert sum(t.values()) == paper_traffic(1000, clients=8, gamma=3) == 2 * 1000 * (3 + 8)
+    assert round_traffic(1000, mediators, 2)["mediator_clients"] == 2 * 1000 * 2 * 8
+    # A client alone is its own mediator: no hop, and mediators off is FedAvg's 2|w| per client.
+    alone = round_traffic(1000, [[0], [1], [2]], mediator_epochs=1)
+    assert alone == {"server_down": 3000, "server_up": 3000, "mediator_clients": 0}
+    assert round_traffic(1000, [[0, 1], [2]], 1)["mediator_clients"] == 2 * 1000 * 2
 
 
 # -- the client's rebalancing -------------------------------------------------------------------
@@ -81,6 +85,14 @@ def test_rebalance_rejects_labels_outside_the_plan() -> None:
     x, y = images(10, [0, 5])
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
         rebalance(x, y, [1.0, 1.0, 1.0], seed=0)
+
+
+def test_rebalance_says_augmentation_needs_images() -> None:
+    y = torch.tensor([0, 0, 0, 1])
+    with pytest.raises(ValueError, match=r"\(N, C, H, W\).*augment: false"):
+        rebalance(torch.rand(4, 64), y, [1.0, 3.0], seed=0)
+    x2, _ = rebalance(torch.rand(4, 64), y, [0.5, 1.0], seed=0)  # downsampling only: fine
+    assert x2.shape[1] == 64
 
 
 # -- the mediator ---------------------------------------------------------------------------------
@@ -213,7 +225,8 @@ def test_fedlab_standalone_astraea_records_mediators_kl_and_bytes(
         assert all(k >= 0 for k in r["kl"])
         assert r["weights"] == pytest.approx([n / sum(r["num_samples"]) for n in r["num_samples"]])
         param_bytes = r["bytes"]["server_up"] // 3  # one model up per mediator
-        assert r["bytes"]["mediator_clients"] == 2 * param_bytes * 5  # 5 clients, one visit each
+        visits = sum(len(g) for g in members if len(g) > 1)  # a lone client is its own mediator
+        assert r["bytes"]["mediator_clients"] == 2 * param_bytes * visits
         assert r["bytes"]["server_down"] > r["bytes"]["server_up"]  # plus rad and layout
     astraea = summary["astraea"]
     assert astraea["augment"] and astraea["downsample"]  # zipf: one big class, a long tail
@@ -228,6 +241,37 @@ def test_fedlab_standalone_astraea_records_mediators_kl_and_bytes(
     assert again["final_accuracy"] == summary["final_accuracy"]
     assert records(tmp_path / "b" / "metrics.jsonl")[-1]["test_loss"] == metrics[-1]["test_loss"]
     assert [r["mediators"] for r in records(rec)[3:]] == [r["mediators"] for r in lines]
+
+
+@pytest.mark.slow
+def test_stock_fedlab_script_runs_astraea_by_environment(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    script = Path(__file__).parent / "hosts" / "fedlab_stock_standalone.py"
+    outs, recs = [], []
+    for run in ("a", "b"):
+        rec = tmp_path / f"{run}.jsonl"
+        env = {
+            **os.environ,
+            "FEDBALANCE_AGGREGATOR": "astraea",
+            "FEDBALANCE_AGGREGATOR_ARGS": '{"gamma": 2, "tau_d": 2.0}',
+            "FEDBALANCE_RECORD": str(rec),
+        }
+        out = subprocess.run(
+            [sys.executable, str(script), "3"], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        outs.append([x for x in out.stdout.splitlines() if x.startswith("CHECKSUM")])
+        recs.append(records(rec))
+    lines = recs[0]
+    assert [r["round"] for r in lines] == [1, 2, 3]
+    for r in lines:
+        assert r["aggregator"] == "astraea" and r["host"] == "fedlab"
+        # FedLab samples 3 of 6 clients; gamma 2 makes two mediators.
+        assert [len(g) for g in r["mediators"]] == [2, 1] and len(r["kl"]) == 2
+        assert r["clients"] == [0, 1] and r["bytes"]["mediator_clients"] > 0
+    assert outs[0] and outs[0] == outs[1] and recs[0] == recs[1]  # same seed, same result
 
 
 def test_fedlab_cross_process_refuses_astraea(tmp_path: Path) -> None:
@@ -303,3 +347,22 @@ def test_fedml_mpi_modes_refuse_astraea() -> None:
     )
     with pytest.raises(ValueError, match="sp simulation only"):
         validate(args)
+
+
+@pytest.mark.slow
+def test_astraea_bench_quick_writes_its_table_and_plots(tmp_path: Path) -> None:
+    from fedbalance_benchmarks import astraea as bench
+
+    assert bench.main(["--quick", "--out", str(tmp_path), "--variants", "fedavg", "mediators"]) == 0
+    md = next(tmp_path.glob("astraea_*_quick.md")).read_text()
+    rows = [
+        line
+        for line in md.splitlines()
+        if line.startswith("| fedavg") or line.startswith("| mediators")
+    ]
+    assert len(rows) == 2 and "Regenerate: `fedbalance bench astraea --quick" in md
+    doc = json.loads(next(tmp_path.glob("astraea_*_quick.json")).read_text())
+    assert {r["variant"] for r in doc["runs"]} == {"fedavg", "mediators"}
+    assert all(len(r["accuracy"]) == 4 for r in doc["runs"])
+    assert next(tmp_path.glob("astraea_*_quick_accuracy.png")).stat().st_size > 0
+    assert next(tmp_path.glob("astraea_*_quick_kl.png")).stat().st_size > 0

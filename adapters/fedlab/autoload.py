@@ -15,6 +15,12 @@ classes in this process (and nothing when it is unset):
   when its ``get_dataset(id, "val")`` has one, otherwise a deterministic 10 % of its training
   data — train with FedLab's own ``train``, and append ``[client_id, num_samples, val_loss]``
   to the uplink. The validation loss is computed only if the aggregator needs it.
+* ``astraea`` (a mediated aggregator): ``SGDSerialClientTrainer.local_process`` counts every
+  client's labels once (what the clients report), plans the rebalancing, groups the round's
+  clients into mediators and trains each chain with FedLab's own ``train`` on the rebalanced
+  data, uploading one package per mediator; ``SyncServerHandler.load`` waits for one package
+  per mediator. Planner and handler share the process, so this runs in the standalone
+  pipeline; ``SGDClientTrainer`` (one client per process) refuses it.
 
 An unknown aggregator name stops ``import fedlab`` with the registry's message (listing the
 available names), before any training. ``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1`` turns it off.
@@ -30,7 +36,7 @@ import os
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fl_adapters._training import evaluate, stream_seed
 
@@ -91,12 +97,69 @@ def arm() -> None:
     cls = registry.aggregator(name)  # unknown name: fails here, at import, naming the options
     registry.make_aggregator(name, **args)  # bad arguments: likewise
     need_val = "val_loss" in getattr(cls, "required_metrics", ())
+    mediated = bool(getattr(cls, "mediated", False))
+    astraea: dict[str, Any] = {}  # the standalone process's Astraea plan and round layout
 
     def global_update(self: Any, buffer: list[list[torch.Tensor]]) -> None:
         agg = self.__dict__.get("_fedbalance_aggregator")
         if agg is None:
             agg = self._fedbalance_aggregator = registry.make_aggregator(name, **args)
+        if mediated:
+            from fl_adapters.astraea import round_traffic
+
+            med = astraea["mediators"]
+            param_bytes = self.model_parameters.numel() * self.model_parameters.element_size()
+            agg.annotate(
+                mediators=med,
+                kl=astraea["planner"].mediator_kl(med),
+                bytes=round_traffic(param_bytes, med, agg.mediator_epochs),
+            )
         aggregate_into(self._model, agg, buffer, self.round + 1, "fedlab")
+
+    def astraea_load(self: Any, payload: list[torch.Tensor]) -> bool:
+        # One package per mediator, not per sampled client.
+        if "mediators" not in astraea:
+            raise RuntimeError(
+                f"{ENV_AGGREGATOR}={name} runs in FedLab's standalone pipeline (server handler "
+                "and SGDSerialClientTrainer in one process); this process has no mediator plan"
+            )
+        self.client_buffer_cache.append(payload)
+        if len(self.client_buffer_cache) < len(astraea["mediators"]):
+            return False
+        self.global_update(self.client_buffer_cache)
+        self.round += 1
+        self.client_buffer_cache = []
+        return True
+
+    def astraea_local_process(self: Any, payload: list[torch.Tensor], id_list: list[int]) -> None:
+        from fl_adapters.astraea import AstraeaPlanner, label_counts, rebalance, run_mediator
+
+        if "planner" not in astraea:  # the clients report their label counts once
+            labels = [
+                _labels(self.dataset.get_dataset(c, "train")) for c in range(self.num_clients)
+            ]
+            classes = int(max(int(y.max()) for y in labels if len(y)) + 1)
+            counts = [label_counts(y, classes) for y in labels]
+            astraea.update(planner=AstraeaPlanner(counts, registry.make_aggregator(name, **args)))
+            astraea["data"] = {}
+        planner = astraea["planner"]
+        astraea["mediators"] = planner.mediators(id_list)
+        seed = int(os.environ.get(ENV_SEED, "0"))
+
+        def train_one(client: int, params: torch.Tensor) -> tuple[torch.Tensor, int]:
+            if client not in astraea["data"]:
+                x, y = _tensors(self.dataset.get_dataset(client, "train"))
+                seed_c = stream_seed("astraea-rebalance", seed, client)
+                astraea["data"][client] = TensorDataset(*rebalance(x, y, planner.rad, seed_c))
+            data = astraea["data"][client]
+            loader = DataLoader(data, batch_size=self.batch_size, shuffle=True)
+            return self.train(params, loader)[0], len(data)
+
+        for m, members in enumerate(astraea["mediators"]):
+            result = run_mediator(
+                members, payload[0], train_one, planner.aggregator.mediator_epochs
+            )
+            self.cache.append([result.params, pack_meta(m, result.num_samples, None)])
 
     def train_one(trainer: Any, params: torch.Tensor, client: int) -> list[torch.Tensor]:
         train, val = train_val(trainer.dataset, client)
@@ -129,10 +192,22 @@ def arm() -> None:
             "client_uplink": original_uplink,
         },
     )
+
+    def refuse_single_client(self: Any, payload: list[torch.Tensor], id: int) -> None:
+        raise RuntimeError(
+            f"{ENV_AGGREGATOR}={name} trains mediator chains: use SGDSerialClientTrainer in "
+            "FedLab's standalone pipeline (one client per process cannot chain)"
+        )
+
+    _armed["originals"]["load"] = SyncServerHandler.load
     SyncServerHandler.global_update = global_update
-    SGDSerialClientTrainer.local_process = serial_local_process
-    SGDClientTrainer.local_process = client_local_process
+    SGDSerialClientTrainer.local_process = (
+        astraea_local_process if mediated else serial_local_process
+    )
+    SGDClientTrainer.local_process = refuse_single_client if mediated else client_local_process
     SGDClientTrainer.uplink_package = property(client_uplink)
+    if mediated:
+        SyncServerHandler.load = astraea_load
     log.info("fedbalance: FedLab armed with aggregator %r %s", name, args or "")
 
 
@@ -148,4 +223,17 @@ def disarm() -> None:
     SGDSerialClientTrainer.local_process = o["serial_local_process"]
     SGDClientTrainer.local_process = o["client_local_process"]
     SGDClientTrainer.uplink_package = o["client_uplink"]
+    SyncServerHandler.load = o["load"]
     _armed.clear()
+
+
+def _tensors(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = [], []
+    for x, y in DataLoader(dataset, batch_size=1024, shuffle=False):
+        xs.append(torch.as_tensor(x))
+        ys.append(torch.as_tensor(y))
+    return torch.cat(xs), torch.cat(ys)
+
+
+def _labels(dataset: Any) -> torch.Tensor:
+    return _tensors(dataset)[1]

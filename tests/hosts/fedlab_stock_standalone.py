@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 class DigitsFed(FedDataset):
     def __init__(self, num_clients):
         d = load_digits()
-        x = torch.tensor(d.data, dtype=torch.float32) / 16.0
+        x = torch.tensor(d.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0  # 8 x 8 images
         y = torch.tensor(d.target)
         np.random.seed(0)  # noqa: NPY002 - FedLab partitions with the global RNG
         parts = hetero_dir_partition(d.target, num_clients, 10, 0.5, min_require_size=20)
@@ -44,7 +44,9 @@ def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     random.seed(0)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+    )
     handler = SyncServerHandler(model, global_round=rounds, sample_ratio=0.5)
     trainer = SGDSerialClientTrainer(model, num_clients=6)
     trainer.setup_dataset(DigitsFed(6))
