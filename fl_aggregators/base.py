@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from fl_aggregators._tensors import rebuild, structure_mismatch, tensors_of
+from fl_aggregators.functional import all_finite
 from fl_aggregators.record import record
 from fl_aggregators.update import ClientUpdate, Params
 
@@ -144,7 +145,7 @@ class Aggregator(ABC):
             result_tensors, w = self._combine(
                 global_tensors, acc_updates, [tensors_of(u.params) for u in acc_updates]
             )
-            if all(bool(torch.isfinite(t).all()) for t in result_tensors if t.is_floating_point()):
+            if all(all_finite(t) for t in result_tensors):
                 weights[accepted] = w.to(torch.float64)
                 break
             bad = [i for i in accepted if not _finite(updates[i].params)]
@@ -213,4 +214,4 @@ class Aggregator(ABC):
 
 
 def _finite(params: Params) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in tensors_of(params) if t.is_floating_point())
+    return all(all_finite(t) for t in tensors_of(params))

@@ -74,6 +74,27 @@ def weighted_mean(tensors: Sequence[torch.Tensor], weights: torch.Tensor) -> tor
     return _cast_back(out, first.dtype)
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds no NaN or Inf (always true for integer tensors), in one read.
+
+    ``torch.isfinite(t).all()`` writes a boolean tensor as large as ``t`` first; a dot product
+    with zeros reads ``t`` once and is NaN exactly when some value is NaN or Inf (0 x Inf is
+    NaN, and a sum of zeros cannot overflow).
+    """
+    if not t.is_floating_point():
+        return True
+    flat = t.reshape(-1)
+    if flat.dtype not in (torch.float32, torch.float64) or flat.numel() <= BLOCK:
+        return bool(torch.isfinite(flat).all())
+    zeros = torch.zeros(BLOCK, dtype=flat.dtype)
+    n = flat.numel()
+    for start in range(0, n, BLOCK):
+        stop = min(n, start + BLOCK)
+        if not torch.isfinite(torch.dot(flat[start:stop], zeros[: stop - start])):
+            return False
+    return True
+
+
 def _select_middle(values: list[torch.Tensor]) -> torch.Tensor:
     """Median of same-shaped tensors elementwise, by a partial min/max bubble network.
 

@@ -320,3 +320,18 @@ def test_integer_average_on_a_half_does_not_depend_on_client_order() -> None:
     a = FedAvg().aggregate(torch.tensor(0), ups).params
     b = FedAvg().aggregate(torch.tensor(0), ups[::-1]).params
     assert a.dtype == torch.int64 and int(a) == int(b) == 16  # round half to even
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_all_finite_finds_one_bad_value_anywhere(dtype, bad, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import fl_aggregators.functional as F
+
+    monkeypatch.setattr(F, "BLOCK", 64)  # several blocks, and a short last one
+    t = torch.full((1000,), 3e4 if dtype == torch.float16 else 3e38, dtype=dtype)
+    assert F.all_finite(t)  # large values whose sum would overflow are still finite
+    for i in (0, 63, 64, 999):
+        u = t.clone()
+        u[i] = bad
+        assert not F.all_finite(u)
+    assert F.all_finite(torch.arange(10))
