@@ -158,6 +158,69 @@ def tables(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
     return "\n\n".join(out)
 
 
+def summary_table(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+    """Best accuracy (mean ± std over seeds), aggregators x scenarios: the grid at a glance."""
+    from fl_adapters._table import markdown_table
+
+    rows = []
+    for agg in opts["aggregators"]:
+        row = [agg]
+        for scenario in opts["scenarios"]:
+            runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
+            row.append(mean_std([max(c["accuracy"]) for c in runs]))
+        rows.append(row)
+    return markdown_table(["best acc %", *opts["scenarios"]], rows)
+
+
+def host_comparison(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+    """FedML's runs beside FedLab's on the same partition, seeds and settings (if run)."""
+    from fl_adapters._table import markdown_table
+
+    fedlab_dir = Path(opts["runs_dir"]) / (opts["dataset"] + ("_quick" if opts["quick"] else ""))
+    rows = []
+    for scenario in opts["scenarios"]:
+        for agg in opts["aggregators"]:
+            ours = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
+            best_lab = []
+            for c in ours:
+                path = fedlab_dir / scenario / agg / f"seed{c['seed']}" / "metrics.jsonl"
+                if path.exists():
+                    rows_lab = [json.loads(x) for x in path.read_text().splitlines()]
+                    best_lab.append(
+                        max(r["test_accuracy"] for r in rows_lab if "test_accuracy" in r)
+                    )
+            if len(best_lab) != len(ours):
+                continue
+            best_ml = [max(c["accuracy"]) for c in ours]
+            diff = 100 * (statistics.mean(best_ml) - statistics.mean(best_lab))
+            spread = 100 * max(statistics.pstdev(best_ml), statistics.pstdev(best_lab))
+            rows.append(
+                [
+                    scenario,
+                    agg,
+                    mean_std(best_lab),
+                    mean_std(best_ml),
+                    f"{diff:+.2f}",
+                    f"{spread:.2f}",
+                ]
+            )
+    if not rows:
+        return ""
+    return "FedLab standalone vs FedML sp, same partitions, seeds and settings:\n\n" + (
+        markdown_table(
+            [
+                "scenario",
+                "aggregator",
+                "FedLab best %",
+                "FedML best %",
+                "FedML - FedLab",
+                "max std",
+            ],
+            rows,
+        )
+    )
+
+
 def plots(
     curves: list[dict[str, Any]], opts: dict[str, Any], out_dir: Path, stem: str
 ) -> list[Path]:
@@ -269,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         f" model on all clients' test splits, mean ± std over seeds.{note}\n\n"
         f"Regenerate: `{command.strip()}` (an interrupted grid resumes from `--runs-dir`).\n\n"
     )
-    text = header + tables(curves, opts) + "\n"
+    text = header + summary_table(curves, opts) + "\n\n"
+    if a.framework != "fedlab":
+        comparison = host_comparison(curves, opts)
+        text += comparison + "\n\n" if comparison else ""
+    text += tables(curves, opts) + "\n"
     (out_dir / f"{stem}.md").write_text(text)
     (out_dir / f"{stem}.json").write_text(
         json.dumps({"options": opts, "runs": curves}, indent=1) + "\n"

@@ -243,6 +243,22 @@ def test_fedml_loader_partitions_with_a_fedbalance_scheme(tmp_path: Path, monkey
 def test_thesis_bench_runs_on_fedml_sp(tmp_path: Path) -> None:
     from fl_adapters.cli import main
 
+    common = [
+        "--quick",
+        "--dataset",
+        "digits",
+        "--rounds",
+        "2",
+        "--workers",
+        "1",
+        "--scenarios",
+        "mixed",
+        "--aggregators",
+        "fedloss",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(["bench", "thesis", *common]) == 0  # FedLab's runs, to compare with
     code = main(
         [
             "bench",
@@ -269,3 +285,8 @@ def test_thesis_bench_runs_on_fedml_sp(tmp_path: Path) -> None:
     assert "FedML sp simulation" in table and "| fedloss " in table
     doc = json.loads((tmp_path / "thesis_digits_fedml-sp_quick.json").read_text())
     assert [len(r["accuracy"]) for r in doc["runs"]] == [2]
+    fedlab = json.loads((tmp_path / "thesis_digits_quick.json").read_text())["runs"][0]
+    row = next(line for line in table.splitlines() if line.startswith("| mixed    | fedloss"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"{100 * max(fedlab['accuracy']):.2f} ± 0.00"  # FedLab's best, same seed
+    assert cells[3] == f"{100 * max(doc['runs'][0]['accuracy']):.2f} ± 0.00"
