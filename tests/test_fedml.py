@@ -42,9 +42,13 @@ def config(tmp_path: Path, name: str, **train_args: object) -> Path:
 
 
 def run_host(
-    tmp_path: Path, cfg: Path, processes: int | None = None, **env: str
+    tmp_path: Path,
+    cfg: Path,
+    processes: int | None = None,
+    script: Path = EXAMPLE / "main.py",
+    **env: str,
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, str(EXAMPLE / "main.py"), "--cf", str(cfg)]
+    cmd = [sys.executable, str(script), "--cf", str(cfg)]
     if processes:
         cmd = [*MPIRUN, "-np", str(processes), *[a for k in env for a in ("-x", k)], *cmd]
     return subprocess.run(
@@ -91,6 +95,24 @@ def test_mpi_cross_silo_aggregates_with_fedloss(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     check_fedloss_records(records(rec), "fedml-cross-silo", rounds=2)
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_cross_silo_with_a_user_supplied_client_trainer(tmp_path: Path) -> None:
+    rec, log = tmp_path / "rec.jsonl", tmp_path / "trainer.log"
+    out = run_host(
+        tmp_path,
+        config(tmp_path, "cross_silo.yaml"),
+        processes=3,
+        script=Path(__file__).parent / "hosts" / "fedml_custom_trainer.py",
+        FEDBALANCE_RECORD=str(rec),
+        CUSTOM_TRAINER_LOG=str(log),
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    check_fedloss_records(records(rec), "fedml-cross-silo", rounds=2)
+    calls = log.read_text().splitlines()
+    assert len(calls) == 4 and all(int(c.split()[1]) > 0 for c in calls)  # 2 clients x 2 rounds
 
 
 @pytest.mark.slow
