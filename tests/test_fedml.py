@@ -281,27 +281,7 @@ def test_thesis_bench_runs_on_fedml_sp(tmp_path: Path) -> None:
         str(tmp_path),
     ]
     assert main(["bench", "thesis", *common]) == 0  # FedLab's runs, to compare with
-    code = main(
-        [
-            "bench",
-            "thesis",
-            "--quick",
-            "--framework",
-            "fedml-sp",
-            "--dataset",
-            "digits",
-            "--rounds",
-            "2",
-            "--workers",
-            "1",
-            "--scenarios",
-            "mixed",
-            "--aggregators",
-            "fedloss",
-            "--out",
-            str(tmp_path),
-        ]
-    )
+    code = main(["bench", "thesis", "--framework", "fedml-sp", *common])
     assert code == 0
     table = (tmp_path / "thesis_digits_fedml-sp_quick.md").read_text()
     assert "FedML sp simulation" in table and "| fedloss " in table
