@@ -37,7 +37,9 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from numpy.typing import NDArray
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from fl_adapters._training import stream_seed
 from fl_aggregators.astraea import Astraea
 from fl_aggregators.astraea_plan import (
     RebalancePlan,
@@ -107,8 +109,28 @@ class AstraeaPlanner:
         groups = assign_mediators(self.expected[ids], self.aggregator.group_size)
         return [[ids[i] for i in g] for g in groups]
 
+    @classmethod
+    def from_labels(cls, labels: Sequence[torch.Tensor], aggregator: Astraea) -> AstraeaPlanner:
+        """The planner from each client's training labels (client id = position)."""
+        classes = max(int(y.max()) for y in labels if len(y)) + 1
+        return cls(np.stack([label_counts(y, classes) for y in labels]), aggregator)
+
     def mediator_kl(self, mediators: list[list[int]]) -> list[float]:
         return mediator_kl(self.expected, mediators)
+
+    def annotate(
+        self,
+        aggregator: Astraea,
+        mediators: list[list[int]],
+        param_bytes: int,
+        extra_down: int = 0,
+    ) -> None:
+        """Add the round's mediators, their KL and its traffic to ``aggregator``'s next record."""
+        aggregator.annotate(
+            mediators=mediators,
+            kl=self.mediator_kl(mediators),
+            bytes=round_traffic(param_bytes, mediators, aggregator.mediator_epochs, extra_down),
+        )
 
     def client_kl(self) -> dict[str, list[float]]:
         """Each client's KL to uniform before and (expected) after rebalancing."""
@@ -151,6 +173,33 @@ def rebalance(
     x2, y2 = torch.cat(parts_x), torch.cat(parts_y)
     order = torch.randperm(len(y2), generator=gen)
     return x2[order], y2[order]
+
+
+def rebalance_client(
+    x: torch.Tensor, y: torch.Tensor, rad: Any, seed: int, client: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rebalance` seeded by ``(seed, client)``: a client's data is the same in every host."""
+    return rebalance(x, y, rad, stream_seed("astraea-rebalance", seed, client))
+
+
+def dataset_tensors(data: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """All of a client's samples as ``(x, y)``: from a ``TensorDataset``, a dataset with
+    ``get_batch``, a ``DataLoader`` over either, any map-style dataset, or a list of batches."""
+    ds = data.dataset if isinstance(data, DataLoader) else data
+    if isinstance(ds, TensorDataset):
+        return ds.tensors[0], ds.tensors[1]
+    get = getattr(ds, "get_batch", None)
+    if get is not None:
+        return get(np.arange(len(ds)))  # type: ignore[arg-type]
+    if isinstance(ds, Dataset):
+        data = DataLoader(ds, batch_size=1024, shuffle=False)
+    xs, ys = [], []
+    for x, y in data:
+        xs.append(torch.as_tensor(x))
+        ys.append(torch.as_tensor(y))
+    if not xs:
+        return torch.empty(0), torch.empty(0, dtype=torch.long)
+    return torch.cat(xs), torch.cat(ys)
 
 
 def augment_images(x: torch.Tensor, seed: int) -> torch.Tensor:

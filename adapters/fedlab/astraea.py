@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_adapters._training import stream_seed
-from fl_adapters.astraea import AstraeaPlanner, rebalance, round_traffic, run_mediator
+from fl_adapters.astraea import AstraeaPlanner, dataset_tensors, rebalance_client, run_mediator
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.payload import pack_meta
@@ -58,14 +57,25 @@ def decode_mediators(layout: torch.Tensor) -> list[list[int]]:
     return out
 
 
-def label_matrix(data: PartitionedDataset, num_classes: int) -> np.ndarray:
-    """Clients x classes counts of the clients' training splits (what each client reports)."""
-    rows = []
-    for c in range(data.num):
-        view = data.get_dataset(c, "train")
-        y = view.get_batch(np.arange(len(view)))[1].numpy()
-        rows.append(np.bincount(np.asarray(y, dtype=np.int64), minlength=num_classes))
-    return np.stack(rows)
+def client_labels(data: PartitionedDataset) -> list[torch.Tensor]:
+    """Each client's training labels: what the clients report to plan the rebalancing."""
+    return [dataset_tensors(data.get_dataset(c, "train"))[1] for c in range(data.num)]
+
+
+def load_per_mediator(handler: Any, payload: list[torch.Tensor], mediators: int) -> bool:
+    """``SyncServerHandler.load`` for Astraea: aggregate when every mediator has reported."""
+    handler.client_buffer_cache.append(payload)
+    if len(handler.client_buffer_cache) < mediators:
+        return False
+    handler.global_update(handler.client_buffer_cache)
+    handler.round += 1
+    handler.client_buffer_cache = []
+    return True
+
+
+def param_bytes(model: torch.nn.Module) -> int:
+    """Bytes of FedLab's serialized parameters (what a downlink or uplink carries)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 class AstraeaServerHandler(FedBalanceServerHandler):
@@ -77,8 +87,6 @@ class AstraeaServerHandler(FedBalanceServerHandler):
     aggregator : ``"astraea"`` or an :class:`~fl_aggregators.astraea.Astraea`.
     Other parameters as :class:`FedBalanceServerHandler`.
     """
-
-    client_buffer_cache: list[list[torch.Tensor]]
 
     def __init__(
         self,
@@ -119,24 +127,14 @@ class AstraeaServerHandler(FedBalanceServerHandler):
 
     def load(self, payload: list[torch.Tensor]) -> bool:
         """Collect one package per mediator; aggregate when the round's last one arrives."""
-        cache = self.client_buffer_cache
-        cache.append(payload)
-        if len(cache) < len(self.round_mediators):
-            return False
-        self.global_update(cache)
-        self.round += 1
-        self.client_buffer_cache = []
-        return True
+        return load_per_mediator(self, payload, len(self.round_mediators))
 
     def global_update(self, buffer: list[list[torch.Tensor]]) -> None:
-        med = self.round_mediators
-        down = self.downlink_package
-        extra = sum(t.numel() * t.element_size() for t in down[1:])
-        param_bytes = down[0].numel() * down[0].element_size()
-        self.astraea.annotate(
-            mediators=med,
-            kl=self.planner.mediator_kl(med),
-            bytes=round_traffic(param_bytes, med, self.astraea.mediator_epochs, extra),
+        rad_and_layout = 4 * (
+            len(self.planner.rad) + encode_mediators(self.round_mediators).numel()
+        )
+        self.planner.annotate(
+            self.astraea, self.round_mediators, param_bytes(self._model), rad_and_layout
         )
         super().global_update(buffer)
 
@@ -160,10 +158,8 @@ class RebalancedData:
         if type != "train" or self.rad is None:
             return self.data.get_dataset(id, type)
         if id not in self._train:
-            view = self.data.get_dataset(id, "train")
-            x, y = view.get_batch(np.arange(len(view)))
-            x2, y2 = rebalance(x, y, self.rad, stream_seed("astraea-rebalance", self.seed, id))
-            self._train[id] = TensorData(x2, y2)
+            x, y = dataset_tensors(self.data.get_dataset(id, "train"))
+            self._train[id] = TensorData(*rebalance_client(x, y, self.rad, self.seed, id))
         return self._train[id]
 
 

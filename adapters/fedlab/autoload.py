@@ -105,15 +105,9 @@ def arm() -> None:
         if agg is None:
             agg = self._fedbalance_aggregator = registry.make_aggregator(name, **args)
         if mediated:
-            from fl_adapters.astraea import round_traffic
+            from fl_adapters.fedlab.astraea import param_bytes
 
-            med = astraea["mediators"]
-            param_bytes = self.model_parameters.numel() * self.model_parameters.element_size()
-            agg.annotate(
-                mediators=med,
-                kl=astraea["planner"].mediator_kl(med),
-                bytes=round_traffic(param_bytes, med, agg.mediator_epochs),
-            )
+            astraea["planner"].annotate(agg, astraea["mediators"], param_bytes(self._model))
         aggregate_into(self._model, agg, buffer, self.round + 1, "fedlab")
 
     def astraea_load(self: Any, payload: list[torch.Tensor]) -> bool:
@@ -123,34 +117,35 @@ def arm() -> None:
                 f"{ENV_AGGREGATOR}={name} runs in FedLab's standalone pipeline (server handler "
                 "and SGDSerialClientTrainer in one process); this process has no mediator plan"
             )
-        self.client_buffer_cache.append(payload)
-        if len(self.client_buffer_cache) < len(astraea["mediators"]):
-            return False
-        self.global_update(self.client_buffer_cache)
-        self.round += 1
-        self.client_buffer_cache = []
-        return True
+        from fl_adapters.fedlab.astraea import load_per_mediator
+
+        return load_per_mediator(self, payload, len(astraea["mediators"]))
 
     def astraea_local_process(self: Any, payload: list[torch.Tensor], id_list: list[int]) -> None:
-        from fl_adapters.astraea import AstraeaPlanner, label_counts, rebalance, run_mediator
+        from fl_adapters.astraea import (
+            AstraeaPlanner,
+            dataset_tensors,
+            rebalance_client,
+            run_mediator,
+        )
 
         if "planner" not in astraea:  # the clients report their label counts once
             labels = [
-                _labels(self.dataset.get_dataset(c, "train")) for c in range(self.num_clients)
+                dataset_tensors(self.dataset.get_dataset(c, "train"))[1]
+                for c in range(self.num_clients)
             ]
-            classes = int(max(int(y.max()) for y in labels if len(y)) + 1)
-            counts = [label_counts(y, classes) for y in labels]
-            astraea.update(planner=AstraeaPlanner(counts, registry.make_aggregator(name, **args)))
-            astraea["data"] = {}
+            agg = registry.make_aggregator(name, **args)
+            astraea.update(planner=AstraeaPlanner.from_labels(labels, agg), data={})
         planner = astraea["planner"]
         astraea["mediators"] = planner.mediators(id_list)
         seed = int(os.environ.get(ENV_SEED, "0"))
 
         def train_one(client: int, params: torch.Tensor) -> tuple[torch.Tensor, int]:
             if client not in astraea["data"]:
-                x, y = _tensors(self.dataset.get_dataset(client, "train"))
-                seed_c = stream_seed("astraea-rebalance", seed, client)
-                astraea["data"][client] = TensorDataset(*rebalance(x, y, planner.rad, seed_c))
+                x, y = dataset_tensors(self.dataset.get_dataset(client, "train"))
+                astraea["data"][client] = TensorDataset(
+                    *rebalance_client(x, y, planner.rad, seed, client)
+                )
             data = astraea["data"][client]
             loader = DataLoader(data, batch_size=self.batch_size, shuffle=True)
             return self.train(params, loader)[0], len(data)
@@ -225,15 +220,3 @@ def disarm() -> None:
     SGDClientTrainer.uplink_package = o["client_uplink"]
     SyncServerHandler.load = o["load"]
     _armed.clear()
-
-
-def _tensors(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    xs, ys = [], []
-    for x, y in DataLoader(dataset, batch_size=1024, shuffle=False):
-        xs.append(torch.as_tensor(x))
-        ys.append(torch.as_tensor(y))
-    return torch.cat(xs), torch.cat(ys)
-
-
-def _labels(dataset: Any) -> torch.Tensor:
-    return _tensors(dataset)[1]

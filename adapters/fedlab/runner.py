@@ -200,9 +200,10 @@ def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandl
     )
     rounds, ratio = cfg.rounds, cfg.clients_per_round / cfg.num_clients
     if is_mediated(cfg.aggregator):
-        from fl_adapters.fedlab.astraea import AstraeaServerHandler, label_matrix
+        from fl_adapters.astraea import label_counts
+        from fl_adapters.fedlab.astraea import AstraeaServerHandler, client_labels
 
-        counts = label_matrix(exp.data, exp.num_classes)
+        counts = [label_counts(y, exp.num_classes) for y in client_labels(exp.data)]
         return AstraeaServerHandler(exp.model, rounds, ratio, class_counts=counts, **kwargs)
     return FedBalanceServerHandler(exp.model, rounds, ratio, **kwargs)
 

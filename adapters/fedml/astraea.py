@@ -24,32 +24,14 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fl_adapters._training import stream_seed
-from fl_adapters.astraea import AstraeaPlanner, label_counts, rebalance, round_traffic, run_mediator
+from fl_adapters.astraea import AstraeaPlanner, dataset_tensors, rebalance_client, run_mediator
 from fl_adapters.fedml.payload import attach
 from fl_aggregators.astraea import Astraea
 
 log = logging.getLogger(__name__)
-
-
-def client_tensors(data: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """All of a client's FedML training data as ``(x, y)`` (a DataLoader or a list of batches)."""
-    if isinstance(data, DataLoader):
-        ds = data.dataset
-        if isinstance(ds, TensorDataset):
-            return ds.tensors[0], ds.tensors[1]
-        data = DataLoader(ds, batch_size=1024, shuffle=False)
-    xs, ys = [], []
-    for x, y in data:
-        xs.append(torch.as_tensor(x))
-        ys.append(torch.as_tensor(y))
-    if not xs:
-        return torch.empty(0), torch.empty(0, dtype=torch.long)
-    return torch.cat(xs), torch.cat(ys)
 
 
 def like(data: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
@@ -67,13 +49,10 @@ class SpAstraea:
         self.aggregator = aggregator
         self.seed = seed
         self.api = api
-        labels = {
-            c: client_tensors(api.train_data_local_dict[c])[1]
-            for c in range(int(api.args.client_num_in_total))
-        }
-        classes = int(max(int(y.max()) for y in labels.values() if len(y)) + 1)
-        counts = np.stack([label_counts(labels[c], classes) for c in sorted(labels)])
-        self.planner = AstraeaPlanner(counts, aggregator)
+        clients = range(int(api.args.client_num_in_total))
+        self.planner = AstraeaPlanner.from_labels(
+            [dataset_tensors(api.train_data_local_dict[c])[1] for c in clients], aggregator
+        )
         self.data: dict[int, Any] = {}
         self.mediators: list[list[int]] = []
         self.results: dict[int, tuple[OrderedDict[str, Any], int]] = {}
@@ -84,10 +63,8 @@ class SpAstraea:
         """The client's rebalanced training data (built once, seeded by ``(seed, client)``)."""
         if client not in self.data:
             original = self.api.train_data_local_dict[client]
-            x, y = client_tensors(original)
-            x2, y2 = rebalance(
-                x, y, self.planner.rad, stream_seed("astraea-rebalance", self.seed, client)
-            )
+            x, y = dataset_tensors(original)
+            x2, y2 = rebalance_client(x, y, self.planner.rad, self.seed, client)
             self.data[client] = like(original, x2, y2)
         return self.data[client]
 
@@ -129,11 +106,7 @@ class SpAstraea:
         param_bytes = sum(
             int(t.numel() * t.element_size()) for t in params[0].values() if torch.is_tensor(t)
         )
-        self.aggregator.annotate(
-            mediators=self.mediators,
-            kl=self.planner.mediator_kl(self.mediators),
-            bytes=round_traffic(param_bytes, self.mediators, self.aggregator.mediator_epochs),
-        )
+        self.planner.annotate(self.aggregator, self.mediators, param_bytes)
         return [
             (self.results[m][1], attach(params[m], m, None)) for m in range(len(self.mediators))
         ]
