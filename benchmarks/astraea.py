@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedbalance_benchmarks.thesis import RESULTS, mean_std, run_jobs
+from fedbalance_benchmarks.thesis import RESULTS, mean_std, read_metrics, run_jobs
 
 #: name -> (aggregator, aggregator_args)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -80,7 +80,7 @@ def collect(opts: dict[str, Any]) -> list[dict[str, Any]]:
     run_jobs([(run_config(v, s, opts), out) for v, s, out in jobs], opts["workers"], "astraea")
     runs = []
     for variant, seed, out in jobs:
-        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        rows = read_metrics(out)
         summary = json.loads((out / "summary.json").read_text())
         evals = [r for r in rows if "test_accuracy" in r]
         traffic, cumulative = [], 0

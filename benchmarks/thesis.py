@@ -98,6 +98,11 @@ def run_jobs(jobs: list[tuple[dict[str, Any], Path]], workers: int, desc: str) -
             fut.result()
 
 
+def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
+    """A run's ``metrics.jsonl``: one dict per round."""
+    return [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """Run (or resume) every (scenario, aggregator, seed); return per-run curves."""
     runs_dir = Path(opts["runs_dir"]) / f"{opts['dataset']}{_suffix(opts)}"
@@ -112,7 +117,7 @@ def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
     )
     curves = []
     for scenario, agg, seed, out in jobs:
-        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        rows = read_metrics(out)
         curves.append(
             {
                 "scenario": scenario,
@@ -183,9 +188,9 @@ def host_comparison(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
             ours = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
             best_lab = []
             for c in ours:
-                path = fedlab_dir / scenario / agg / f"seed{c['seed']}" / "metrics.jsonl"
-                if path.exists():
-                    rows_lab = [json.loads(x) for x in path.read_text().splitlines()]
+                run = fedlab_dir / scenario / agg / f"seed{c['seed']}"
+                if (run / "metrics.jsonl").exists():
+                    rows_lab = read_metrics(run)
                     best_lab.append(
                         max(r["test_accuracy"] for r in rows_lab if "test_accuracy" in r)
                     )
