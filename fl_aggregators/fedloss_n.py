@@ -7,7 +7,8 @@ loss of a tiny client is also the noisiest. Weighting by ``n_i * l_i`` keeps Fed
 preference for badly fit clients *per sample*: a sample on a poorly fit client counts more
 than one on a well fit client, and every sample counts. ``mix`` blends in plain FedAvg:
 ``w = mix * n_i / sum n + (1 - mix) * (n_i l_i) / sum(n l)``; ``size_aware=False`` uses the
-thesis's ``l_i / sum l`` in the second term instead. The same ``loss_clip`` bound applies.
+thesis's ``l_i / sum l`` in the second term instead. The same ``loss_clip`` and ``peer_clip``
+bounds apply to the losses (a client's reported sample count is trusted, as FedAvg trusts it).
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ class FedLossN(FedLoss):
     name = "fedloss_n"
 
     def __init__(
-        self, *, mix: float = 0.0, size_aware: bool = True, loss_clip: float | None = 5.0
+        self,
+        *,
+        mix: float = 0.0,
+        size_aware: bool = True,
+        loss_clip: float | None = 5.0,
+        peer_clip: float | None = 1.0,
     ) -> None:
-        super().__init__(loss_clip=loss_clip)
+        super().__init__(loss_clip=loss_clip, peer_clip=peer_clip)
         if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
             raise ValueError(f"mix must be a float in [0, 1], got {mix!r}")
         if not isinstance(size_aware, bool):

@@ -175,13 +175,30 @@ def momentum_step(
     return global_t.to(averaged.dtype) - server_lr * v, v
 
 
-def bound_losses(losses: torch.Tensor, clip: float | None) -> torch.Tensor:
-    """Clip each loss at ``clip`` times the round's lower median (no-op for ``None``).
+def bound_losses(
+    losses: torch.Tensor, clip: float | None, peer: float | None = None
+) -> torch.Tensor:
+    """Bound reported losses: at most ``clip`` x the round's lower median and at most
+    ``peer`` x the largest loss among the *other* clients (``None`` turns a bound off).
 
-    The lower median (the smaller middle value) keeps the bound honest with two clients
-    and with up to half of the clients inflating their loss.
+    The lower median (the smaller middle value) keeps the first bound honest with two clients
+    and with up to half of the clients inflating their loss. The peer bound only ever lowers
+    the single largest loss (every other loss is at most the largest one): with ``peer=1`` a
+    lone liar takes exactly the share of the highest honest client in its round, never more.
+    It needs three or more clients; with two, neither can be told apart from a liar.
     """
-    if clip is None or len(losses) == 0:
+    if len(losses) == 0:
         return losses
-    med = torch.sort(losses).values[(len(losses) - 1) // 2]
-    return torch.minimum(losses, clip * med) if med > 0 else losses
+    out = losses
+    if clip is not None:
+        med = torch.sort(losses).values[(len(losses) - 1) // 2]
+        if med > 0:
+            out = torch.minimum(out, clip * med)
+    if peer is not None and len(out) >= 3:
+        top2 = torch.topk(out, 2)
+        cap = peer * top2.values[1]
+        i = int(top2.indices[0])
+        if out[i] > cap:
+            out = out.clone()
+            out[i] = cap
+    return out

@@ -12,8 +12,12 @@ def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def fedloss_weights(losses: list[float], clip: float = 5.0) -> list[float]:
-    """FedLoss's weights by hand: losses clipped at ``clip`` x the lower median, normalised."""
+def fedloss_weights(losses: list[float], clip: float = 5.0, peer: float = 1.0) -> list[float]:
+    """FedLoss's default weights by hand: losses clipped at ``clip`` x the lower median, the
+    top one at ``peer`` x the runner-up (three clients or more), normalised."""
     med = sorted(losses)[(len(losses) - 1) // 2]
     bounded = [min(x, clip * med) for x in losses]
+    if len(bounded) >= 3:
+        top = max(range(len(bounded)), key=bounded.__getitem__)
+        bounded[top] = min(bounded[top], peer * sorted(bounded)[-2])
     return [x / sum(bounded) for x in bounded]

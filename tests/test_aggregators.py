@@ -34,22 +34,24 @@ def test_fedavg_by_hand() -> None:
 
 
 def test_fedloss_by_hand() -> None:
-    r = FedLoss().aggregate(torch.zeros(2), three_clients())
+    r = FedLoss(peer_clip=None).aggregate(torch.zeros(2), three_clients())
     # weights 0.5/4, 1/4, 2.5/4: [0.125 + 0.75 + 5, 0.25 + 1.5 - 1.25]
     assert r.weights == [0.125, 0.25, 0.625]
     assert torch.allclose(r.params, torch.tensor([5.875, 0.5]))
+    # Default peer bound: the top loss 2.5 counts as the runner-up's 1.0, weights 0.5/2.5, ...
+    assert FedLoss().aggregate(torch.zeros(2), three_clients()).weights == [0.2, 0.4, 0.4]
 
 
 def test_fedloss_n_by_hand() -> None:
-    r = FedLossN().aggregate(torch.zeros(2), three_clients())
+    r = FedLossN(peer_clip=None).aggregate(torch.zeros(2), three_clients())
     # n*l = 0.5, 3, 10 (sum 13.5): weights 1/27, 6/27, 20/27
     assert r.weights == pytest.approx([1 / 27, 6 / 27, 20 / 27])
     assert torch.allclose(r.params, torch.tensor([179 / 27, -2 / 27]))
-    half = FedLossN(mix=0.5).aggregate(torch.zeros(2), three_clients())
+    half = FedLossN(mix=0.5, peer_clip=None).aggregate(torch.zeros(2), three_clients())
     assert half.weights == pytest.approx(
         [0.5 * (1 / 8 + 1 / 27), 0.5 * (3 / 8 + 6 / 27), 0.5 * (4 / 8 + 20 / 27)]
     )
-    thesis = FedLossN(size_aware=False).aggregate(torch.zeros(2), three_clients())
+    thesis = FedLossN(size_aware=False, peer_clip=None).aggregate(torch.zeros(2), three_clients())
     assert thesis.weights == pytest.approx([0.125, 0.25, 0.625])
 
 
@@ -109,26 +111,59 @@ def test_bad_state_is_a_clear_error() -> None:
 
 
 # -- robustness --------------------------------------------------------------------------------
-def test_honest_losses_keep_the_thesis_weights() -> None:
+def test_honest_losses_keep_the_thesis_weights_below_the_top() -> None:
     losses = [0.31, 0.52, 0.74, 0.9, 1.2, 1.45, 0.66]  # spread well within 5x the median
     ups = [ClientUpdate(torch.ones(2), 10, {"val_loss": x}) for x in losses]
+    thesis = FedLoss(peer_clip=None).aggregate(torch.zeros(2), ups)
+    assert thesis.weights == pytest.approx([x / sum(losses) for x in losses])
+    # The default peer bound lowers only the top loss (1.45) to the runner-up's (1.2).
+    bounded = [min(x, 1.2) for x in losses]
     r = FedLoss().aggregate(torch.zeros(2), ups)
-    assert r.weights == pytest.approx([x / sum(losses) for x in losses])
+    assert r.weights == pytest.approx([x / sum(bounded) for x in bounded])
 
 
-def test_one_inflated_loss_cannot_take_over() -> None:
-    ups = [ClientUpdate(torch.zeros(2), 10, {"val_loss": 1.0}) for _ in range(9)]
+def test_one_inflated_loss_takes_at_most_the_top_honest_share() -> None:
+    honest = [0.5, 0.8, 1.0, 1.1, 0.9, 0.7, 1.3, 0.6, 1.2]
+    ups = [ClientUpdate(torch.zeros(2), 10, {"val_loss": x}) for x in honest]
     ups.append(ClientUpdate(torch.full((2,), 100.0), 10, {"val_loss": 1e9}))
-    bounded = FedLoss().aggregate(torch.zeros(2), ups)
-    assert bounded.weights[-1] == pytest.approx(5 / 14)  # clipped at 5x the median loss
-    assert bounded.params[0] == pytest.approx(100 * 5 / 14)
-    unbounded = FedLoss(loss_clip=None).aggregate(torch.zeros(2), ups)
+    r = FedLoss().aggregate(torch.zeros(2), ups)
+    assert r.weights[-1] == pytest.approx(max(r.weights[:-1]))  # ties with client 6 (1.3)
+    assert r.weights[-1] == pytest.approx(1.3 / (sum(honest) + 1.3))
+    assert r.params[0] == pytest.approx(100 * r.weights[-1])
+    median_only = FedLoss(peer_clip=None).aggregate(torch.zeros(2), ups)
+    assert median_only.weights[-1] == pytest.approx(4.5 / (sum(honest) + 4.5))  # 5x median 0.9
+    unbounded = FedLoss(loss_clip=None, peer_clip=None).aggregate(torch.zeros(2), ups)
     assert unbounded.weights[-1] > 0.999999  # the thesis's rule alone is hijacked
+
+
+def test_colluding_liars_are_held_by_the_median_bound() -> None:
+    # 4 of 10 report 1e9: the peer bound cannot separate them, the median bound does.
+    losses = [1.0] * 6 + [1e9] * 4
+    ups = [ClientUpdate(torch.zeros(2), 10, {"val_loss": x}) for x in losses]
+    r = FedLoss().aggregate(torch.zeros(2), ups)
+    assert r.weights[-1] == pytest.approx(5 / (6 + 4 * 5))
+
+
+def test_deflated_losses_only_lower_the_reporters_weight() -> None:
+    losses = [1.0, 0.9, 1.1, 1.0, 0.0, 1e-12]
+    ups = [ClientUpdate(torch.zeros(2), 10, {"val_loss": x}) for x in losses]
+    r = FedLoss().aggregate(torch.zeros(2), ups)
+    assert r.weights[4] == 0.0 and r.weights[5] < 1e-11
+    assert min(r.weights[:4]) > 0.2
 
 
 def test_bound_losses_uses_the_lower_median() -> None:
     got = bound_losses(torch.tensor([1.0, 1e6], dtype=torch.float64), 5.0)
     assert got.tolist() == [1.0, 5.0]
+
+
+def test_peer_bound_needs_three_clients_and_lowers_one_loss() -> None:
+    two = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    assert bound_losses(two, None, 1.0).tolist() == [1.0, 3.0]
+    tied = torch.tensor([2.0, 1.0, 2.0], dtype=torch.float64)
+    assert bound_losses(tied, None, 1.0).tolist() == [2.0, 1.0, 2.0]
+    spread = torch.tensor([1.0, 4.0, 2.0, 1.5], dtype=torch.float64)
+    assert bound_losses(spread, None, 1.5).tolist() == [1.0, 3.0, 2.0, 1.5]
 
 
 @pytest.mark.parametrize(
@@ -215,9 +250,10 @@ def test_all_zero_losses_fall_back_to_fedavg() -> None:
         (lambda: FedAvgM(beta=1.0), "beta must be a float in [0.0, 1.0), got 1.0"),
         (lambda: FedAvgM(server_lr=0), "server_lr must be > 0, got 0"),
         (lambda: FedLoss(loss_clip=0.5), "loss_clip must be None or a finite float >= 1, got 0.5"),
+        (lambda: FedLoss(peer_clip=0), "peer_clip must be None or a finite float >= 1, got 0"),
         (lambda: FedLossN(mix=2), "mix must be a float in [0, 1], got 2"),
     ],
-    ids=["beta", "server-lr", "clip", "mix"],
+    ids=["beta", "server-lr", "clip", "peer-clip", "mix"],
 )
 def test_bad_parameters_fail_at_construction(factory, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError) as err:
@@ -253,7 +289,7 @@ def test_integer_buffers_keep_their_dtype(agg) -> None:  # type: ignore[no-untyp
 def test_recorder_appends_one_line_per_aggregation(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "agg.jsonl"
     monkeypatch.setenv("FEDBALANCE_RECORD", str(path))
-    agg = FedLoss()
+    agg = FedLoss(peer_clip=None)
     agg.aggregate(torch.zeros(2), three_clients())
     agg.aggregate(
         torch.zeros(2), [*three_clients(), ClientUpdate(torch.zeros(2), 1, {}, client_id="x")]
