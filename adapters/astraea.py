@@ -79,7 +79,7 @@ class AstraeaPlanner:
         self.aggregator = aggregator
         classes = self.counts.shape[1]
         if aggregator.augment:
-            self.plan = plan_rebalance(self.counts, aggregator.tau_d)
+            self.plan = plan_rebalance(self.counts, aggregator.tau_d, aggregator.count_clip)
         else:  # mediators only: nothing is rescaled
             self.plan = RebalancePlan(
                 z=np.zeros(classes),

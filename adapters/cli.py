@@ -200,7 +200,7 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
         clients = sorted(
             int(c) for c in rng.choice(len(clients), args.clients_per_round, replace=False)
         )
-    plan = plan_rebalance(counts, args.tau_d)
+    plan = plan_rebalance(counts, args.tau_d, args.count_clip)
     after = expected_counts_after(counts, plan)
     groups = assign_mediators(after[clients], args.gamma)
     mediators = [[clients[i] for i in g] for g in groups]
@@ -250,6 +250,15 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
     return value
+
+
+def optional_float(text: str) -> float | None:
+    if text.strip().lower() in ("none", "null"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number or 'none', got {text!r}") from None
 
 
 def non_negative_int(text: str) -> int:
@@ -341,6 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tau-d", type=float, default=3.5, help="downsampling threshold tau_d > 0 (default 3.5)"
+    )
+    p.add_argument(
+        "--count-clip",
+        type=optional_float,
+        default=20.0,
+        help="bound each client's count of a class at this x the other clients' mean (default"
+        " 20; 'none' sums the reports unbounded, as the paper does)",
     )
     p.add_argument(
         "--gamma", type=positive_int, default=10, help="max clients per mediator (default 10)"

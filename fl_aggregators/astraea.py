@@ -13,7 +13,8 @@ so the host adapters (FedLab standalone, FedML sp) know to run mediators when a 
 aggregation record.
 
 The two strategies can run alone: ``augment=False`` is mediators only, ``mediators=False``
-is augmentation with plain FedAvg (each client its own mediator).
+is augmentation with plain FedAvg (each client its own mediator). ``count_clip`` bounds what one
+client's reported label counts can do to the plan (see :mod:`fl_aggregators.astraea_plan`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from fl_aggregators.astraea_plan import check_tau_d
+from fl_aggregators.astraea_plan import check_count_clip, check_tau_d
 from fl_aggregators.fedavg import FedAvg
 
 
@@ -52,9 +53,11 @@ class Astraea(FedAvg):
         mediator_epochs: int = 1,
         augment: bool = True,
         mediators: bool = True,
+        count_clip: float | None = 20.0,
     ) -> None:
         super().__init__()
         self.tau_d = check_tau_d(tau_d)
+        self.count_clip = check_count_clip(count_clip)
         self.gamma = _positive_int("gamma", gamma, "max clients per mediator")
         self.mediator_epochs = _positive_int(
             "mediator_epochs", mediator_epochs, "passes of a mediator over its clients per round"

@@ -22,6 +22,17 @@ Rescheduling (Algorithm 3). Greedy: a new mediator repeatedly takes the unassign
 the union of their data — until it holds ``gamma`` clients; repeat until none is left. Ties go
 to the lowest client id, so the assignment is deterministic.
 
+Departure (robustness): the counts are what clients *report*. A client that claims a large
+count of a minority class hides it from augmentation; one that claims a huge count of any class
+shifts ``mu`` and ``sigma`` for all. Before summing, each client's count of class ``y`` is
+bounded by ``count_clip`` (default 20) times the mean count of ``y`` over the *other* clients,
+so with ``n`` clients one liar adds at most ``count_clip / (n - 1)`` of a class's honest total
+(20 % with 100 clients). The bound uses the others' mean, so a liar cannot raise its own
+bound. Honest clients are rarely touched: on the Astraea benchmark's partitions (100 clients,
+letters profile, label Dirichlet 0.5) no cell reaches 20x, and the plans are identical;
+where one does, only the plan sees the lower count (data and mediators are untouched).
+``count_clip=None`` sums the reports as the paper does.
+
 What the paper leaves open, and what we chose: ``tau_d`` defaults to 3.5 (the paper
 recommends 3.0-3.5); KL uses the natural log; a client with no samples is placed last.
 """
@@ -99,12 +110,35 @@ def check_tau_d(tau_d: float) -> float:
     return float(tau_d)
 
 
-def plan_rebalance(class_sizes: Any, tau_d: float = 3.5) -> RebalancePlan:
-    """Algorithm 2's plan from the global class sizes (a vector, or a clients x classes matrix)."""
+def check_count_clip(value: Any) -> float | None:
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 1:
+        raise ValueError(f"count_clip must be None or a finite float >= 1, got {value!r}")
+    return float(value)
+
+
+def clip_counts(counts: Any, count_clip: float | None) -> NDArray[np.float64]:
+    """Bound each client's count of each class by ``count_clip`` x the other clients' mean."""
+    arr = check_counts(counts)
+    clip = check_count_clip(count_clip)
+    n = arr.shape[0]
+    if clip is None or n < 2:
+        return arr
+    others_mean = (arr.sum(axis=0, keepdims=True) - arr) / (n - 1)
+    return np.minimum(arr, clip * others_mean)
+
+
+def plan_rebalance(
+    class_sizes: Any, tau_d: float = 3.5, count_clip: float | None = 20.0
+) -> RebalancePlan:
+    """Algorithm 2's plan from the global class sizes: a vector, or a clients x classes matrix
+    of reported counts (then bounded per client by ``count_clip``, see the module docstring)."""
     tau_d = check_tau_d(tau_d)
     sizes = np.asarray(class_sizes, dtype=np.float64)
     if sizes.ndim == 2:
-        sizes = check_counts(sizes).sum(axis=0)
+        sizes = clip_counts(sizes, count_clip).sum(axis=0)
     if sizes.ndim != 1 or len(sizes) < 2 or not np.all(np.isfinite(sizes)) or np.any(sizes < 0):
         raise ValueError(
             f"class sizes must be >= 2 non-negative finite numbers, got {sizes.tolist()}"

@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_adapters.cli import main
-from fl_aggregators.astraea_plan import assign_mediators, mediator_kl, plan_rebalance
+from fl_aggregators.astraea_plan import (
+    assign_mediators,
+    clip_counts,
+    mediator_kl,
+    plan_rebalance,
+)
 
 
 def test_plan_by_hand() -> None:
@@ -87,10 +92,35 @@ def test_mediators_reduce_kl_on_skewed_clients() -> None:
     assert assign_mediators(counts, 8) == mediators  # deterministic
 
 
+def test_one_clients_count_lie_is_bounded() -> None:
+    # 60 honest clients with 30 samples of each of 10 classes but only 3 of class 9: the plan
+    # augments class 9. A liar claiming 1000x class 9 hides it from augmentation under the
+    # paper's plain sum; bounded at 20x the others' mean it adds at most 20/60 of class 9.
+    honest = np.full((60, 10), 30.0)
+    honest[:, 9] = 3
+    liar = honest[:1].copy()
+    liar[0, 9] *= 1000
+    counts = np.vstack([honest, liar])
+    clean = plan_rebalance(honest, 3.0)
+    assert clean.augment == [9] and clean.downsample == []
+    paper = plan_rebalance(counts, 3.0, count_clip=None)
+    assert paper.augment == []  # the minority class is hidden
+    bounded = plan_rebalance(counts, 3.0)
+    assert bounded.augment == [9] and bounded.downsample == []
+    assert bounded.rad[9] == pytest.approx(clean.rad[9] * 180 / 240, rel=0.15)
+    clipped = clip_counts(counts, 20.0)
+    assert np.array_equal(clipped[:60], honest)  # honest rows untouched
+    assert clipped[60, 9] == pytest.approx(20 * 3)
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
         (lambda: plan_rebalance([1, 2], tau_d=0), "tau_d must be a finite float > 0"),
+        (
+            lambda: plan_rebalance([[1, 2], [3, 4]], count_clip=0.5),
+            "count_clip must be None or a finite float >= 1, got 0.5",
+        ),
         (lambda: plan_rebalance([1, -2]), "class sizes must be >= 2 non-negative finite numbers"),
         (
             lambda: assign_mediators(COUNTS, gamma=0),
@@ -98,7 +128,7 @@ def test_mediators_reduce_kl_on_skewed_clients() -> None:
         ),
         (lambda: assign_mediators([[1, 2], [3]], gamma=2), "clients x classes matrix"),
     ],
-    ids=["tau-d", "negative-size", "gamma", "ragged"],
+    ids=["tau-d", "count-clip", "negative-size", "gamma", "ragged"],
 )
 def test_bad_input_is_a_clear_error(call, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError) as err:
