@@ -231,6 +231,7 @@ BENCHES = {
     "fedml-overhead": "fedbalance_benchmarks.perf_fedml_overhead",
     "perf-aggregate": "fedbalance_benchmarks.perf_aggregate",
     "perf-partition": "fedbalance_benchmarks.perf_partition",
+    "reliability": "fedbalance_benchmarks.reliability",
     "thesis": "fedbalance_benchmarks.thesis",
 }
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata as md
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -160,8 +161,23 @@ class Registry:
         return make_partitioner(spec, self.partitioner)
 
     def make_aggregator(self, name: str, **kwargs: Any) -> Any:
-        """Instantiate the aggregator registered as ``name`` with keyword arguments."""
-        return self.aggregator(name)(**kwargs)
+        """Instantiate the aggregator registered as ``name`` with keyword arguments.
+
+        An argument the aggregator does not take is a ``ValueError`` naming the allowed ones.
+        """
+        cls = self.aggregator(name)
+        params = inspect.signature(cls).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            allowed = sorted(
+                k for k, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+            )
+            unknown = sorted(set(kwargs) - set(allowed))
+            if unknown:
+                raise ValueError(
+                    f"aggregator_args: unknown argument(s) {', '.join(map(repr, unknown))} for "
+                    f"aggregator {name!r}; allowed: {', '.join(allowed) or '(none)'}"
+                )
+        return cls(**kwargs)
 
     def as_dict(self) -> dict[str, list[dict[str, str]]]:
         return {kind: [i.as_dict() for i in self.infos(kind)] for kind in KINDS}

@@ -73,7 +73,7 @@ def _worker_init() -> None:
     torch.set_num_threads(1)  # one process per core beats two threads per process here
 
 
-def _run_one(cfg: dict[str, Any], out_dir: str) -> dict[str, Any]:
+def _run_one(cfg: dict[str, Any], out_dir: str, hook: Any = None) -> dict[str, Any]:
     import logging
 
     from fl_adapters.config import RunConfig
@@ -86,7 +86,7 @@ def _run_one(cfg: dict[str, Any], out_dir: str) -> dict[str, Any]:
         return run_fedml(config, Path(out_dir))
     from fl_adapters.fedlab.runner import run_standalone
 
-    return run_standalone(config, Path(out_dir), progress=False)
+    return run_standalone(config, Path(out_dir), progress=False, uplink_hook=hook)
 
 
 def _suffix(opts: dict[str, Any]) -> str:
@@ -94,15 +94,26 @@ def _suffix(opts: dict[str, Any]) -> str:
     return host + ("_quick" if opts["quick"] else "")
 
 
-def run_jobs(jobs: list[tuple[dict[str, Any], Path]], workers: int, desc: str) -> None:
-    """Run each ``(config, out_dir)`` whose ``summary.json`` is missing, in worker processes."""
+def run_jobs(
+    jobs: list[tuple[dict[str, Any], Path]],
+    workers: int,
+    desc: str,
+    hooks: list[Any] | None = None,
+) -> None:
+    """Run each ``(config, out_dir)`` whose ``summary.json`` is missing, in worker processes
+    (``hooks[i]``, if given, is job ``i``'s FedLab uplink hook: a picklable callable)."""
     from tqdm import tqdm
 
-    todo = [(cfg, out) for cfg, out in jobs if not (out / "summary.json").exists()]
+    hooks = hooks if hooks is not None else [None] * len(jobs)
+    todo = [
+        (cfg, out, hook)
+        for (cfg, out), hook in zip(jobs, hooks, strict=True)
+        if not (out / "summary.json").exists()
+    ]
     if not todo:
         return
     with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init) as pool:
-        futures = [pool.submit(_run_one, cfg, str(out)) for cfg, out in todo]
+        futures = [pool.submit(_run_one, cfg, str(out), hook) for cfg, out, hook in todo]
         for fut in tqdm(as_completed(futures), total=len(futures), desc=f"{desc} runs", unit="run"):
             fut.result()
 

@@ -25,7 +25,7 @@ from fl_adapters._training import evaluate
 from fl_adapters.config import RunConfig
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
-from fl_adapters.fedlab.trainer import LocalConfig
+from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
 from fl_aggregators import AggregationResult
 
 log = logging.getLogger(__name__)
@@ -216,8 +216,17 @@ def refuse_mediated(config: RunConfig) -> None:
         )
 
 
-def run_standalone(config: RunConfig, out_dir: Path, progress: bool = True) -> dict[str, Any]:
-    """One run in FedLab's ``StandalonePipeline``; returns the summary."""
+def run_standalone(
+    config: RunConfig,
+    out_dir: Path,
+    progress: bool = True,
+    uplink_hook: UplinkHook | None = None,
+) -> dict[str, Any]:
+    """One run in FedLab's ``StandalonePipeline``; returns the summary.
+
+    ``uplink_hook`` (not for mediated aggregators) rewrites what clients send: see
+    :class:`~fl_adapters.fedlab.trainer.FedBalanceSerialTrainer`.
+    """
     from fedlab.core.standalone import StandalonePipeline
 
     from fl_adapters.fedlab.astraea import AstraeaSerialTrainer, AstraeaServerHandler
@@ -232,12 +241,16 @@ def run_standalone(config: RunConfig, out_dir: Path, progress: bool = True) -> d
     handler = make_handler(exp, on_round=writer)
     trainer: FedBalanceSerialTrainer
     if isinstance(handler, AstraeaServerHandler):
+        if uplink_hook is not None:
+            raise ValueError("uplink_hook is not supported with mediated aggregators")
         trainer = AstraeaSerialTrainer(
             _copy_model(exp.model), exp.data, exp.local, handler.astraea.mediator_epochs
         )
         writer.astraea = handler.planner
     else:
-        trainer = FedBalanceSerialTrainer(_copy_model(exp.model), exp.data, exp.local)
+        trainer = FedBalanceSerialTrainer(
+            _copy_model(exp.model), exp.data, exp.local, uplink_hook=uplink_hook
+        )
     Pipeline(handler, trainer).main()
     return writer.summary()
 

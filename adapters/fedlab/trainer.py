@@ -15,7 +15,7 @@ client trains identically whether it runs in the standalone pipeline or its own 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +70,17 @@ def train_client(
     return [SerializationTool.serialize_model(model), pack_meta(client, n, val_loss)]
 
 
+#: ``hook(client_id, downlink_params, package) -> package``: what a client really sends.
+UplinkHook = Callable[[int, torch.Tensor, list[torch.Tensor]], list[torch.Tensor]]
+
+
 class FedBalanceSerialTrainer(SerialClientTrainer):
-    """Simulates the clients ``client_ids`` (all of the partition's by default) in one process."""
+    """Simulates the clients ``client_ids`` (all of the partition's by default) in one process.
+
+    ``uplink_hook`` replaces a client's honest package before it is sent: fault and attack
+    injection for the reliability benchmark and tests (a misbehaving client inside FedLab's
+    own loop, not a mock of it).
+    """
 
     def __init__(
         self,
@@ -79,6 +88,7 @@ class FedBalanceSerialTrainer(SerialClientTrainer):
         data: PartitionedDataset,
         cfg: LocalConfig,
         client_ids: Sequence[int] | None = None,
+        uplink_hook: UplinkHook | None = None,
     ) -> None:
         ids = list(range(data.num)) if client_ids is None else [int(c) for c in client_ids]
         super().__init__(model, len(ids), cuda=False)
@@ -87,6 +97,7 @@ class FedBalanceSerialTrainer(SerialClientTrainer):
         self.client_ids = ids
         self.participations: dict[int, int] = {}
         self.cache: list[list[torch.Tensor]] = []
+        self.uplink_hook = uplink_hook
 
     def setup_dataset(self, dataset: PartitionedDataset) -> None:  # FedLab API
         self.dataset = dataset
@@ -104,9 +115,10 @@ class FedBalanceSerialTrainer(SerialClientTrainer):
             client = self.client_ids[int(local_id)]
             k = self.participations.get(client, 0)
             self.participations[client] = k + 1
-            self.cache.append(
-                train_client(self._model, payload[0], self.dataset, client, k, self.cfg)
-            )
+            package = train_client(self._model, payload[0], self.dataset, client, k, self.cfg)
+            if self.uplink_hook is not None:
+                package = self.uplink_hook(client, payload[0], package)
+            self.cache.append(package)
 
 
 class FedBalanceClientTrainer(ClientTrainer):
