@@ -63,8 +63,10 @@ def local_train(
 ) -> int:
     """Train ``model`` in place for ``epochs`` on ``dataset``; returns the sample count.
 
-    A fresh optimizer per call (Adam state must not leak between clients) and a data order
-    fixed by ``seed``, so the same client in the same round trains identically in any process.
+    A fresh optimizer per call (Adam state must not leak between clients), a data order fixed
+    by ``seed``, and torch's global RNG (dropout) seeded from ``seed`` for the call and
+    restored after it: the same client in the same participation trains identically in any
+    process, and a resumed run continues exactly.
     """
     n = len(dataset)  # type: ignore[arg-type]
     if n == 0:
@@ -73,11 +75,13 @@ def local_train(
     opt = make_optimizer(optimizer, model.parameters(), lr)
     criterion = nn.CrossEntropyLoss()
     model.train()
-    for _ in range(epochs):
-        for x, y in batches(dataset, batch_size, shuffle=True, generator=gen):
-            opt.zero_grad(set_to_none=True)
-            criterion(model(x), y).backward()
-            opt.step()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed ^ 0x5EED)
+        for _ in range(epochs):
+            for x, y in batches(dataset, batch_size, shuffle=True, generator=gen):
+                opt.zero_grad(set_to_none=True)
+                criterion(model(x), y).backward()
+                opt.step()
     return n
 
 

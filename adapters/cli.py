@@ -130,15 +130,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.framework == "fedlab":
         from fl_adapters.fedlab.runner import run_standalone
 
-        summary = run_standalone(config, out, progress=not args.no_progress)
+        summary = run_standalone(config, out, progress=not args.no_progress, resume=args.resume)
     elif config.framework == "fedlab-distributed":
         from fl_adapters.fedlab.runner import run_distributed
 
         summary = run_distributed(
-            config, out, client_processes=args.processes, config_path=Path(args.config)
+            config,
+            out,
+            client_processes=args.processes,
+            config_path=Path(args.config),
+            resume=args.resume,
         )
     else:
         from fl_adapters.fedml.runner import run_fedml
+
+        if args.resume:
+            raise UsageError(
+                f"--resume: FedML runs ({config.framework}) keep no fedbalance checkpoint; "
+                "resume is for framework fedlab and fedlab-distributed"
+            )
 
         summary = run_fedml(config, out)
     print(
@@ -160,6 +170,7 @@ def cmd_fedlab_server(args: argparse.Namespace) -> int:
         args.world_size,
         args.host,
         progress=not args.no_progress,
+        resume=args.resume,
     )
     return 0
 
@@ -168,7 +179,8 @@ def cmd_fedlab_client(args: argparse.Namespace) -> int:
     from fl_adapters.config import RunConfig
     from fl_adapters.fedlab.runner import run_client
 
-    run_client(RunConfig.load(args.config), args.rank, args.world_size, args.host)
+    resume_from = Path(args.resume_from) if args.resume_from else None
+    run_client(RunConfig.load(args.config), args.rank, args.world_size, args.host, resume_from)
     return 0
 
 
@@ -324,6 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="client processes for framework fedlab-distributed",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/checkpoint.pt (same config; rounds may grow)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("fedlab-server", help="the server role of a FedLab cross-process run")
@@ -334,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.set_defaults(func=cmd_fedlab_server)
 
     p = sub.add_parser("fedlab-client", help="one client process of a FedLab cross-process run")
@@ -341,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=positive_int, required=True)
     p.add_argument("--world-size", type=positive_int, required=True)
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--resume-from", default=None, help="the server's checkpoint.pt, when resuming a run"
+    )
     p.set_defaults(func=cmd_fedlab_client)
 
     p = sub.add_parser("astraea", help="Astraea tools")

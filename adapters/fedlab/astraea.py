@@ -112,6 +112,7 @@ class AstraeaServerHandler(FedBalanceServerHandler):
                 f"AstraeaServerHandler needs the astraea aggregator, got {self.aggregator.name!r}"
             )
         self.astraea: Astraea = self.aggregator
+        self.participation_step = self.astraea.mediator_epochs
         self.planner = AstraeaPlanner(class_counts, self.astraea)
         self.round_mediators: list[list[int]] = []
 

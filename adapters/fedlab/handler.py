@@ -99,6 +99,10 @@ class FedBalanceServerHandler(SyncServerHandler):
         self.rng = random.Random(seed) if seed is not None else None
         self.last_result: AggregationResult | None = None
         self.clients_per_round = clients_per_round
+        #: Local trainings per client so far (clients seed their training with it).
+        self.participations: dict[int, int] = {}
+        #: Trainings per sampled client per round (Astraea: its mediator epochs).
+        self.participation_step = 1
 
     @property
     def num_clients_per_round(self) -> int:
@@ -108,8 +112,12 @@ class FedBalanceServerHandler(SyncServerHandler):
 
     def sample_clients(self) -> list[int]:
         if self.rng is None:
-            return list(super().sample_clients())
-        return sorted(self.rng.sample(range(self.num_clients), self.num_clients_per_round))
+            sampled = list(super().sample_clients())
+        else:
+            sampled = sorted(self.rng.sample(range(self.num_clients), self.num_clients_per_round))
+        for c in sampled:
+            self.participations[c] = self.participations.get(c, 0) + self.participation_step
+        return sampled
 
     def global_update(self, buffer: list[list[torch.Tensor]]) -> None:
         self.last_result = aggregate_into(

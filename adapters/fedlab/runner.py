@@ -3,8 +3,11 @@
 Rounds run in FedLab's own loop — the standalone pipeline, or FedLab's server and client
 managers over ``torch.distributed`` (gloo on 127.0.0.1). This module only builds the pieces
 from a :class:`~fl_adapters.config.RunConfig` and, after every aggregation, evaluates the
-global model on all clients' test splits (weighted by size, as the thesis does) and appends
-a line to ``metrics.jsonl``.
+global model on all clients' test splits (weighted by size, as the thesis does), appends
+a line to ``metrics.jsonl`` and writes ``checkpoint.pt`` (:mod:`fl_adapters.checkpoint`).
+``resume=True`` continues a stopped run from that checkpoint and ends on the same model as
+an uninterrupted run. In a cross-process run the launcher watches every process: when one
+dies, it stops the others and says which checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 import torch
 
 from fl_adapters._training import evaluate
+from fl_adapters.checkpoint import NAME as CHECKPOINT
+from fl_adapters.checkpoint import Checkpoint, CheckpointError, restore_sampler, sampler_state
 from fl_adapters.config import RunConfig
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
@@ -88,12 +93,21 @@ def build(config: RunConfig) -> Experiment:
 class MetricsWriter:
     """Evaluates the global model after each aggregation and writes ``metrics.jsonl``."""
 
-    def __init__(self, exp: Experiment, out_dir: Path, progress: bool = True) -> None:
+    def __init__(
+        self,
+        exp: Experiment,
+        out_dir: Path,
+        progress: bool = True,
+        resume_from: Checkpoint | None = None,
+    ) -> None:
         self.exp = exp
         self.out_dir = out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
-        self.path.write_text("")
+        self.checkpoint_path = out_dir / CHECKPOINT
+        # Rows past the checkpoint (a run killed between the two writes) are dropped.
+        self.rows: list[dict[str, Any]] = list(resume_from.rows) if resume_from else []
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
         if exp.config.eval_data == "test":
             from fedbalance_benchmarks.datasets import load_dataset
 
@@ -102,7 +116,6 @@ class MetricsWriter:
         else:
             self.test = [exp.data.get_dataset(c, "test") for c in range(exp.data.num)]
         self.param_bytes = sum(p.numel() * p.element_size() for p in exp.model.parameters())
-        self.rows: list[dict[str, Any]] = []
         self.astraea: Any = None  # the AstraeaPlanner of an Astraea run
         self.started = time.perf_counter()
         self.bar = None
@@ -111,6 +124,7 @@ class MetricsWriter:
 
             self.bar = tqdm(
                 total=exp.config.rounds,
+                initial=len(self.rows),
                 desc=f"{exp.config.aggregator} rounds",
                 unit="round",
                 leave=False,
@@ -148,10 +162,26 @@ class MetricsWriter:
         self.rows.append(row)
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
+        self.save_checkpoint(handler)
         if self.bar is not None:
             self.bar.update(1)
             if "test_accuracy" in row:
                 self.bar.set_postfix(acc=f"{row['test_accuracy']:.4f}")
+
+    def save_checkpoint(self, handler: FedBalanceServerHandler) -> None:
+        from fedlab.utils import SerializationTool
+
+        planner = getattr(handler, "planner", None)
+        Checkpoint(
+            config=self.exp.config.to_dict(),
+            round=handler.round + 1,  # FedLab counts the round after global_update returns
+            model=SerializationTool.serialize_model(handler.model),
+            aggregator=handler.aggregator.state_dict(),
+            participations=handler.participations,
+            sampler=sampler_state(handler.rng),
+            rows=self.rows,
+            plan=planner.plan.as_dict() if planner is not None else None,
+        ).save(self.checkpoint_path)
 
     def summary(self) -> dict[str, Any]:
         if self.bar is not None:
@@ -208,6 +238,38 @@ def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandl
     return FedBalanceServerHandler(exp.model, rounds, ratio, **kwargs)
 
 
+def load_checkpoint(config: RunConfig, out_dir: Path) -> Checkpoint:
+    """The checkpoint in ``out_dir``, checked against ``config``."""
+    path = out_dir / CHECKPOINT
+    ckpt = Checkpoint.load(path)
+    ckpt.check_config(config.to_dict(), path)
+    return ckpt
+
+
+def restore(handler: FedBalanceServerHandler, ckpt: Checkpoint) -> None:
+    """Put ``handler`` (model, round, aggregator state, sampler) where ``ckpt`` left it."""
+    from fedlab.utils import SerializationTool
+
+    expected = SerializationTool.serialize_model(handler.model)
+    if ckpt.model.shape != expected.shape:
+        raise CheckpointError(
+            f"the checkpoint's model has {ckpt.model.numel()} parameters, this run's "
+            f"{expected.numel()}"
+        )
+    planner = getattr(handler, "planner", None)
+    if planner is not None and planner.plan.as_dict() != ckpt.plan:
+        raise CheckpointError(
+            "the Astraea plan from the clients' label counts differs from the checkpoint's: "
+            "the data or partition changed since it was written"
+        )
+    SerializationTool.deserialize_model(handler.model, ckpt.model)
+    handler.round = ckpt.round
+    handler.aggregator.load_state_dict(ckpt.aggregator)
+    handler.participations = dict(ckpt.participations)
+    restore_sampler(handler.rng, ckpt.sampler)
+    log.info("resumed after round %d of %d", ckpt.round, handler.global_round)
+
+
 def refuse_mediated(config: RunConfig) -> None:
     if is_mediated(config.aggregator):
         raise ValueError(
@@ -221,11 +283,13 @@ def run_standalone(
     out_dir: Path,
     progress: bool = True,
     uplink_hook: UplinkHook | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """One run in FedLab's ``StandalonePipeline``; returns the summary.
 
     ``uplink_hook`` (not for mediated aggregators) rewrites what clients send: see
-    :class:`~fl_adapters.fedlab.trainer.FedBalanceSerialTrainer`.
+    :class:`~fl_adapters.fedlab.trainer.FedBalanceSerialTrainer`. ``resume`` continues from
+    ``out_dir/checkpoint.pt``.
     """
     from fedlab.core.standalone import StandalonePipeline
 
@@ -236,8 +300,9 @@ def run_standalone(
         def evaluate(self) -> None:  # evaluation happens after each aggregation (on_round)
             pass
 
+    ckpt = load_checkpoint(config, out_dir) if resume else None
     exp = build(config)
-    writer = MetricsWriter(exp, out_dir, progress)
+    writer = MetricsWriter(exp, out_dir, progress, resume_from=ckpt)
     handler = make_handler(exp, on_round=writer)
     trainer: FedBalanceSerialTrainer
     if isinstance(handler, AstraeaServerHandler):
@@ -251,6 +316,11 @@ def run_standalone(
         trainer = FedBalanceSerialTrainer(
             _copy_model(exp.model), exp.data, exp.local, uplink_hook=uplink_hook
         )
+    if ckpt is not None:
+        restore(handler, ckpt)
+        trainer.participations = dict(ckpt.participations)
+        if isinstance(trainer, AstraeaSerialTrainer):
+            trainer.rounds = ckpt.round
     Pipeline(handler, trainer).main()
     return writer.summary()
 
@@ -279,14 +349,16 @@ def run_server(
     world_size: int,
     host: str = "127.0.0.1",
     progress: bool = True,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """The server role of a cross-process run (rank 0)."""
     from fedlab.core.network import DistNetwork
     from fedlab.core.server.manager import SynchronousServerManager
 
     refuse_mediated(config)
+    ckpt = load_checkpoint(config, out_dir) if resume else None
     exp = build(config)
-    writer = MetricsWriter(exp, out_dir, progress)
+    writer = MetricsWriter(exp, out_dir, progress, resume_from=ckpt)
     network = DistNetwork((host, str(config.port)), world_size=world_size, rank=0)
     sent = {"down": 0, "up": 0}
 
@@ -299,12 +371,23 @@ def run_server(
         writer(handler, result, bytes_up=up, bytes_down=down)
 
     handler = make_handler(exp, on_round=on_round)
+    if ckpt is not None:
+        restore(handler, ckpt)
     SynchronousServerManager(network=network, handler=handler, mode="LOCAL").run()
     return writer.summary()
 
 
-def run_client(config: RunConfig, rank: int, world_size: int, host: str = "127.0.0.1") -> None:
-    """Client process ``rank`` (1..world_size-1): simulates its slice of the clients."""
+def run_client(
+    config: RunConfig,
+    rank: int,
+    world_size: int,
+    host: str = "127.0.0.1",
+    resume_from: Path | None = None,
+) -> None:
+    """Client process ``rank`` (1..world_size-1): simulates its slice of the clients.
+
+    ``resume_from``: the server's checkpoint, for how often each client has trained.
+    """
     from fedlab.core.client.manager import PassiveClientManager
     from fedlab.core.network import DistNetwork
 
@@ -316,6 +399,10 @@ def run_client(config: RunConfig, rank: int, world_size: int, host: str = "127.0
     exp = build(config)
     ids = client_slices(config.num_clients, world_size - 1)[rank - 1]
     trainer = FedBalanceSerialTrainer(exp.model, exp.data, exp.local, client_ids=ids)
+    if resume_from is not None:
+        ckpt = Checkpoint.load(resume_from)
+        ckpt.check_config(config.to_dict(), resume_from)
+        trainer.participations = {c: k for c, k in ckpt.participations.items() if c in ids}
     network = DistNetwork((host, str(config.port)), world_size=world_size, rank=rank)
     PassiveClientManager(trainer=trainer, network=network).run()
 
@@ -326,10 +413,17 @@ def run_distributed(
     client_processes: int = 2,
     config_path: Path | None = None,
     timeout: float = 3600,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Launch one server and ``client_processes`` client processes on 127.0.0.1 and wait."""
+    """Launch one server and ``client_processes`` client processes on 127.0.0.1 and wait.
+
+    If any process dies, the others are stopped and the error names the checkpoint of the
+    last completed round; ``resume=True`` continues from it.
+    """
     refuse_mediated(config)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        load_checkpoint(config, out_dir)  # fail before starting any process
     if config_path is None:
         import yaml
 
@@ -338,47 +432,55 @@ def run_distributed(
     world = client_processes + 1
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = [sys.executable, "-m", "fl_adapters.cli"]
-    procs = [
-        subprocess.Popen(
-            [
-                *base,
-                "fedlab-server",
-                str(config_path),
-                "--out",
-                str(out_dir),
-                "--world-size",
-                str(world),
-                "--no-progress",
-            ],
-            env=env,
-        )
+    server = [
+        *base,
+        "fedlab-server",
+        str(config_path),
+        "--out",
+        str(out_dir),
+        "--world-size",
+        str(world),
+        "--no-progress",
     ]
-    procs += [
-        subprocess.Popen(
-            [
-                *base,
-                "fedlab-client",
-                str(config_path),
-                "--rank",
-                str(r),
-                "--world-size",
-                str(world),
-            ],
-            env=env,
-        )
-        for r in range(1, world)
-    ]
+    client = [*base, "fedlab-client", str(config_path), "--world-size", str(world)]
+    if resume:
+        server.append("--resume")
+        client += ["--resume-from", str(out_dir / CHECKPOINT)]
+    procs = [subprocess.Popen(server, env=env)]
+    procs += [subprocess.Popen([*client, "--rank", str(r)], env=env) for r in range(1, world)]
+    watch(procs, timeout, out_dir)
+    return json.loads((out_dir / "summary.json").read_text())
+
+
+def watch(procs: list[subprocess.Popen[bytes]], timeout: float, out_dir: Path) -> None:
+    """Wait for a run's processes (server first); stop them all as soon as one fails."""
     deadline = time.monotonic() + timeout
+    failed: str | None = None
     try:
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired as e:
-        raise RuntimeError(f"fedlab-distributed run did not finish within {timeout:.0f} s") from e
+        while [p.poll() for p in procs].count(None):  # poll every process, every time
+            bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if bad:
+                rank, code = bad[0]
+                failed = f"{'server' if rank == 0 else f'client process rank {rank}'} exited with code {code}"
+                break
+            if time.monotonic() > deadline:
+                failed = f"the run did not finish within {timeout:.0f} s"
+                break
+            time.sleep(0.2)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+                p.wait()
     codes = [p.returncode for p in procs]
-    if any(codes):
-        raise RuntimeError(f"fedlab-distributed processes exited with codes {codes} (server first)")
-    return json.loads((out_dir / "summary.json").read_text())
+    if failed is None and any(codes):
+        failed = f"processes exited with codes {codes} (server first)"
+    if failed is not None:
+        ckpt = out_dir / CHECKPOINT
+        where = (
+            f"the last good global model is in {ckpt} (round {Checkpoint.load(ckpt).round}); "
+            "rerun with --resume to continue from it"
+            if ckpt.is_file()
+            else "no round had completed, so there is no checkpoint"
+        )
+        raise RuntimeError(f"fedlab-distributed: {failed}; {where}")

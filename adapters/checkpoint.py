@@ -1,0 +1,148 @@
+"""Run checkpoints: everything needed to resume a run so it ends on exactly the same model.
+
+A run writes ``checkpoint.pt`` after every aggregation (atomically: a temporary file, then a
+rename, so a run killed mid-write keeps the previous checkpoint). It holds the global
+parameters, the aggregator's ``state_dict()`` (FedAvgM's momentum), the client sampler's RNG
+state, how often each client has trained (local training is seeded by ``(seed, client,
+participation)``), the Astraea plan when there is one, and the metrics rows so far.
+
+Resuming with the same config — ``rounds`` may grow — then replays nothing and continues
+from round ``k + 1``; every random choice after that is what the uninterrupted run makes.
+
+The file is read with ``torch.load(weights_only=True)``: tensors and plain containers
+only, never arbitrary pickled objects. A damaged, tampered or foreign file is a clear
+``ValueError``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "fedbalance-checkpoint"
+VERSION = 1
+NAME = "checkpoint.pt"
+#: Config fields a resumed run may change (a longer run continues a shorter one).
+MAY_CHANGE = ("rounds", "eval_every", "data_dir")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the run."""
+
+
+@dataclass
+class Checkpoint:
+    config: dict[str, Any]
+    round: int
+    model: torch.Tensor
+    aggregator: dict[str, Any]
+    participations: dict[int, int]
+    sampler: list[int] | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    plan: dict[str, Any] | None = None
+
+    def save(self, path: Path) -> None:
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "config": json.dumps(self.config, sort_keys=True),
+            "round": self.round,
+            "model": self.model.detach().clone(),
+            "aggregator": self.aggregator,
+            "participations": [[int(c), int(k)] for c, k in sorted(self.participations.items())],
+            "sampler": self.sampler,
+            "rows": json.dumps(self.rows),
+            "plan": json.dumps(self.plan) if self.plan is not None else None,
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(doc, tmp)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint:
+        if not path.is_file():
+            raise CheckpointError(f"no checkpoint at {path} (a run writes one after every round)")
+        try:
+            doc = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as e:  # noqa: BLE001 - any failure to read is the same user error
+            raise CheckpointError(
+                f"{path} is not a readable fedbalance checkpoint (damaged or tampered?): "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            ) from e
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise CheckpointError(f"{path} is not a fedbalance checkpoint")
+        if doc.get("version") != VERSION:
+            raise CheckpointError(
+                f"{path}: checkpoint version {doc.get('version')!r}, this fedbalance reads "
+                f"version {VERSION}"
+            )
+        try:
+            ckpt = cls(
+                config=json.loads(doc["config"]),
+                round=doc["round"],
+                model=doc["model"],
+                aggregator=doc["aggregator"],
+                participations={int(c): int(k) for c, k in doc["participations"]},
+                sampler=doc["sampler"],
+                rows=json.loads(doc["rows"]),
+                plan=json.loads(doc["plan"]) if doc["plan"] is not None else None,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: malformed checkpoint ({type(e).__name__}: {e})") from e
+        ok = (
+            isinstance(ckpt.config, dict)
+            and isinstance(ckpt.round, int)
+            and ckpt.round >= 0
+            and isinstance(ckpt.model, torch.Tensor)
+            and ckpt.model.is_floating_point()
+            and isinstance(ckpt.aggregator, dict)
+            and isinstance(ckpt.rows, list)
+            and (ckpt.sampler is None or all(isinstance(x, int) for x in ckpt.sampler))
+        )
+        if not ok:
+            raise CheckpointError(f"{path}: malformed checkpoint (a field has the wrong type)")
+        return ckpt
+
+    def check_config(self, config: dict[str, Any], path: Path) -> None:
+        """Refuse to resume under a different config (``MAY_CHANGE`` fields excepted)."""
+        differ = sorted(
+            k
+            for k in set(config) | set(self.config)
+            if k not in MAY_CHANGE and config.get(k) != self.config.get(k)
+        )
+        if differ:
+            detail = "; ".join(
+                f"{k}: checkpoint {self.config.get(k)!r}, config {config.get(k)!r}" for k in differ
+            )
+            raise CheckpointError(
+                f"{path} was written by a different run config ({detail}); only "
+                f"{', '.join(MAY_CHANGE)} may change when resuming"
+            )
+        if config.get("rounds", 0) < self.round:
+            raise CheckpointError(
+                f"rounds must be at least the checkpoint's round ({self.round}) to resume, "
+                f"got {config.get('rounds')!r}"
+            )
+
+
+def sampler_state(rng: Any) -> list[int] | None:
+    """A ``random.Random`` state as a flat list of ints (``None`` for no RNG)."""
+    if rng is None:
+        return None
+    version, internal, gauss = rng.getstate()
+    if gauss is not None:  # never used by sample(); refuse rather than lose it silently
+        raise ValueError("the sampler RNG has a cached gauss value; cannot checkpoint it")
+    return [int(version), *internal]
+
+
+def restore_sampler(rng: Any, state: list[int] | None) -> None:
+    if rng is None or state is None:
+        if (rng is None) != (state is None):
+            raise CheckpointError("the checkpoint's client sampler does not match this run's")
+        return
+    rng.setstate((state[0], tuple(state[1:]), None))
