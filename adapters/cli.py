@@ -126,6 +126,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fl_adapters.config import RunConfig
 
     config = RunConfig.load(args.config)
+    if args.check:
+        from fl_adapters.experiment import check
+
+        print(json.dumps({"config": "ok", **check(config)}))
+        return 0
     out = Path(args.out)
     if config.framework == "fedlab":
         from fl_adapters.fedlab.runner import run_standalone
@@ -340,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue from OUT/checkpoint.pt (same config; rounds may grow)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config, data and partition without training (exit 2 on an error)",
     )
     p.set_defaults(func=cmd_run)
 

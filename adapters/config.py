@@ -83,6 +83,8 @@ class RunConfig:
             or (isinstance(self.dataset, str) and self.dataset.startswith("npy:"))
         ):
             raise ConfigError(f"dataset must be one of {', '.join(DATASETS)}; got {self.dataset!r}")
+        if self.data_dir is not None and (not isinstance(self.data_dir, str) or not self.data_dir):
+            raise ConfigError(f"data_dir must be a directory path or null, got {self.data_dir!r}")
         _choice("model", self.model, MODELS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("eval_data", self.eval_data, EVAL_DATA)

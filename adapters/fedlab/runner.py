@@ -53,26 +53,12 @@ def build(config: RunConfig) -> Experiment:
     The model is initialised from ``torch.manual_seed(config.seed)``, so the server and every
     client process start from the same weights.
     """
-    from fedbalance_benchmarks.datasets import dataset_targets, load_dataset
     from fedbalance_benchmarks.models import build_model
+    from fl_adapters.experiment import training_data
     from fl_adapters.registry import get_registry
 
-    registry = get_registry()
-    aggregator_cls = registry.aggregator(config.aggregator)  # fail before loading any data
-    registry.make_aggregator(config.aggregator, **config.aggregator_args)
-    train = load_dataset(config.dataset, train=True, data_dir=config.data_dir)
-    labels = dataset_targets(train)
-    if config.max_samples is not None and config.max_samples < len(labels):
-        from torch.utils.data import Subset
-
-        keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(config.seed))[
-            : config.max_samples
-        ]
-        keep = keep.sort().values
-        train, labels = Subset(train, keep.tolist()), labels[keep.numpy()]
-    partition = registry.make_partitioner(config.partition).partition(
-        labels, config.num_clients, seed=config.seed, split=config.split
-    )
+    aggregator_cls = get_registry().aggregator(config.aggregator)
+    train, labels, partition = training_data(config)
     x0 = train[0][0]
     num_classes = int(labels.max()) + 1
     torch.manual_seed(config.seed)

@@ -1,0 +1,63 @@
+"""What every host builds from a run config before round 1: the data and its partition.
+
+:func:`check` runs all of it without training (``fedbalance run --check``): the config, the
+aggregator and its arguments, the partitioner and its parameters, the dataset, and the
+partition of the dataset over the clients. Whatever would stop a run before its first round
+stops here, with the same message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fl_adapters.config import ConfigError, RunConfig
+from fl_partitions import Partition
+
+
+def training_data(config: RunConfig) -> tuple[Any, np.ndarray, Partition]:
+    """The training set (capped at ``max_samples``, seeded), its labels and its partition."""
+    from fedbalance_benchmarks.datasets import dataset_targets, load_dataset
+    from fl_adapters.registry import get_registry
+
+    registry = get_registry()
+    registry.make_aggregator(config.aggregator, **config.aggregator_args)  # fail before loading
+    partitioner = registry.make_partitioner(config.partition)
+    train = load_dataset(config.dataset, train=True, data_dir=config.data_dir)
+    labels = dataset_targets(train)
+    if config.max_samples is not None and config.max_samples < len(labels):
+        from torch.utils.data import Subset
+
+        keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(config.seed))[
+            : config.max_samples
+        ]
+        keep = keep.sort().values
+        train, labels = Subset(train, keep.tolist()), labels[keep.numpy()]
+    partition = partitioner.partition(
+        labels, config.num_clients, seed=config.seed, split=config.split
+    )
+    return train, labels, partition
+
+
+def check(config: RunConfig) -> dict[str, Any]:
+    """Validate ``config`` end to end without training; a summary of what a run would use."""
+    from fl_adapters.registry import get_registry
+
+    mediated = getattr(get_registry().aggregator(config.aggregator), "mediated", False)
+    if mediated and config.framework not in ("fedlab", "fedml-sp"):
+        raise ConfigError(
+            f"aggregator {config.aggregator!r} trains through mediator chains: framework must "
+            f"be fedlab or fedml-sp, got {config.framework!r}"
+        )
+    _, labels, partition = training_data(config)
+    sizes = [len(c) for c in partition.client_indices]
+    return {
+        "framework": config.framework,
+        "aggregator": config.aggregator,
+        "samples": len(labels),
+        "classes": partition.num_classes,
+        "clients": config.num_clients,
+        "client_sizes": {"min": min(sizes), "max": max(sizes)},
+    }
