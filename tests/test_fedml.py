@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -292,3 +293,35 @@ def test_thesis_bench_runs_on_fedml_sp(tmp_path: Path) -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == f"{100 * max(fedlab['accuracy']):.2f} ± 0.00"  # FedLab's best, same seed
     assert cells[3] == f"{100 * max(doc['runs'][0]['accuracy']):.2f} ± 0.00"
+
+
+@pytest.mark.slow
+@needs_mpi
+@pytest.mark.parametrize(
+    ("name", "processes", "message"),
+    [
+        ("mpi.yaml", 2, "FedML simulation over MPI needs client_num_per_round + 1 = 3 processes"),
+        ("cross_silo.yaml", 4, "Invalid number of mpi processes. Expected 3"),  # FedML's own
+    ],
+)
+def test_wrong_mpi_process_count_fails_fast_with_the_rule(
+    name: str, processes: int, message: str, tmp_path: Path
+) -> None:
+    # Unchecked, FedML 0.9.6 runs MPI simulation under -np 2 training one client a round.
+    start = time.monotonic()
+    out = run_host(tmp_path, config(tmp_path, name), processes=processes)
+    assert out.returncode != 0
+    assert message in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
+    assert time.monotonic() - start < 120
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_missing_dataset_fails_every_mpi_process_with_how_to_get_it(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "mpi.yaml")
+    doc = yaml.safe_load(cfg.read_text())
+    doc["data_args"]["dataset"] = "cifar10"
+    cfg.write_text(yaml.safe_dump(doc))
+    out = run_host(tmp_path, cfg, processes=3, FEDBALANCE_DATA=str(tmp_path / "empty"))
+    assert out.returncode != 0
+    assert "cifar10 not found under" in out.stdout + out.stderr

@@ -180,12 +180,47 @@ def validate(args: Any) -> None:
         raise ValueError(
             f"fedbalance aggregators run in FedML modes {sorted(HOSTS)}; got training_type/backend {mode}"
         )
+    check_world_size(args, mode)
     if getattr(agg, "mediated", False) and HOSTS[mode] != "fedml-sp":
         raise ValueError(
             f"aggregator {chosen[0]!r} trains through mediator chains, which fedbalance runs in "
             f"FedML's sp simulation only (training_type: simulation, backend: sp); got {mode}. "
             "FedML's MPI server managers send every sampled client the global model and wait "
             "for all of them; relaying a model from one client to the next is not built yet."
+        )
+
+
+def check_world_size(args: Any, mode: tuple[str, str]) -> None:
+    """MPI modes: the process count must be what FedML's config implies.
+
+    With too few processes FedML 0.9.6's MPI simulation does not fail: with
+    ``client_num_per_round: 2`` under ``mpirun -np 2`` it trains one client a round, silently.
+    FedML's cross-silo init asserts ``worker_num + 1`` processes itself (before this runs);
+    here it also needs ``worker_num == client_num_per_round``.
+    """
+    if mode[1] != "MPI":
+        return
+    comm = getattr(args, "comm", None)
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    world = int(comm.Get_size())
+    per_round = int(args.client_num_per_round)
+    if mode[0] == "simulation":
+        expected, rule = per_round + 1, f"client_num_per_round + 1 = {per_round + 1}"
+    else:
+        workers = int(getattr(args, "worker_num", per_round))
+        if workers != per_round:
+            raise ValueError(
+                f"FedML cross-silo: worker_num ({workers}) must equal client_num_per_round "
+                f"({per_round}); every silo trains every round"
+            )
+        expected, rule = workers + 1, f"worker_num + 1 = {workers + 1}"
+    if world != expected:
+        raise ValueError(
+            f"FedML {mode[0]} over MPI needs {rule} processes (one server + one per client), "
+            f"but mpirun started {world}: run `mpirun -np {expected} ...` or change the config"
         )
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedbalance_benchmarks.datasets import dataset_targets, fmnist_available, load_dataset
+from fedbalance_benchmarks.datasets import dataset_targets, load_dataset
 from fedbalance_benchmarks.models import build_model
 from fl_partitions import make_partitioner
 from fl_partitions.transforms import NoisyDataset
@@ -29,9 +29,7 @@ def _tensors(ds: NoisyDataset) -> TensorDataset:
 
 def load(args: Any) -> tuple[list[Any], int]:
     name = getattr(args, "dataset", "fmnist")
-    if name == "fmnist" and not fmnist_available():
-        name = "digits"
-    train = load_dataset(name, train=True)
+    train = load_dataset(name, train=True)  # a missing dataset fails here, saying how to get it
     labels = dataset_targets(train)
     max_samples = getattr(args, "max_samples", None)
     if max_samples:
