@@ -410,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from fl_adapters.config import RunFailed
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name in (
@@ -427,6 +429,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"fedbalance {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RunFailed as e:  # the run itself failed (a process died, a host exited): exit 1
+        print(f"fedbalance {args.command}: failed: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,6 +21,11 @@ OPTIMIZERS = ("adam", "sgd")
 EVAL_DATA = ("clients", "test")
 
 
+class RunFailed(RuntimeError):
+    """A run that started but could not finish (a process died, a host exited); the message
+    says what survived and how to go on."""
+
+
 class ConfigError(ValueError):
     """A configuration value outside what is allowed (the message names the field)."""
 

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import statistics
 import sys
 import time
@@ -424,6 +425,209 @@ def bad_inputs(work: Path) -> list[list[str]]:
     return rows
 
 
+# -- faults: stopped runs, killed processes, damaged checkpoints --------------------------------
+def fault_config(**overrides: Any) -> Any:
+    """A small FedLab run on scikit-learn's digits (fast enough for CI)."""
+    from fl_adapters.config import RunConfig
+
+    base: dict[str, Any] = dict(
+        framework="fedlab",
+        dataset="digits",
+        partition={"name": "label_dirichlet", "beta": 0.5},
+        aggregator="fedavgm",
+        aggregator_args={"beta": 0.9},
+        num_clients=6,
+        clients_per_round=3,
+        rounds=5,
+        local_epochs=1,
+        batch_size=32,
+        seed=5,
+    )
+    base.update(overrides)
+    return RunConfig.from_dict(base)
+
+
+def stop_and_resume(work: Path, config: Any, stop_after: int) -> dict[str, Any]:
+    """Run straight through; run again stopping after ``stop_after`` rounds and resume."""
+    import dataclasses
+
+    from fl_adapters.checkpoint import Checkpoint
+    from fl_adapters.fedlab.runner import run_standalone
+
+    run_standalone(config, work / "straight", progress=False)
+    run_standalone(dataclasses.replace(config, rounds=stop_after), work / "resumed", progress=False)
+    run_standalone(config, work / "resumed", progress=False, resume=True)
+    a = Checkpoint.load(work / "straight" / "checkpoint.pt")
+    b = Checkpoint.load(work / "resumed" / "checkpoint.pt")
+    return {
+        "rounds": b.round,
+        "identical": bool(torch.equal(a.model, b.model)) and a.participations == b.participations,
+    }
+
+
+def client_pids(config_path: Path) -> list[int]:
+    """PIDs of the FedLab client processes of the run configured by ``config_path``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"fedlab-client" in cmd and str(config_path).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def kill_client_and_resume(work: Path, config: Any, kill_after: int) -> dict[str, Any]:
+    """A cross-process run whose first client process is SIGKILLed once ``kill_after`` rounds
+    are done; then ``fedbalance run --resume``; then the same config straight through in the
+    standalone pipeline, to compare final models."""
+    import dataclasses
+    import signal
+    import subprocess
+
+    import yaml
+
+    from fl_adapters.checkpoint import Checkpoint
+    from fl_adapters.fedlab.runner import run_standalone
+
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "run.yaml"
+    path.write_text(
+        yaml.safe_dump(dataclasses.replace(config, framework="fedlab-distributed").to_dict())
+    )
+    out = work / "out"
+    cli = [sys.executable, "-m", "fl_adapters.cli", "run", str(path), "--out", str(out)]
+    launcher = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after):
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            launcher.kill()
+            raise RuntimeError("the cross-process run ended before a client could be killed")
+        time.sleep(0.1)
+    victims = client_pids(path)
+    os.kill(victims[0], signal.SIGKILL)
+    _, err = launcher.communicate(timeout=300)
+    lines = [x for x in err.splitlines() if "fedlab-distributed:" in x]
+    survived = Checkpoint.load(out / "checkpoint.pt")
+    leftover = len(client_pids(path))
+    done = subprocess.run([*cli, "--resume"], capture_output=True, text=True, timeout=900)
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    run_standalone(
+        dataclasses.replace(config, framework="fedlab"), work / "straight", progress=False
+    )
+    straight = Checkpoint.load(work / "straight" / "checkpoint.pt")
+    resumed = Checkpoint.load(out / "checkpoint.pt")
+    return {
+        "client_processes": len(victims),
+        "launcher_exit": launcher.returncode,
+        "launcher_error": lines[-1] if lines else err.strip().splitlines()[-1:],
+        "checkpoint_round": survived.round,
+        "checkpoint_finite": bool(torch.isfinite(survived.model).all()),
+        "processes_left": leftover,
+        "resume_exit": done.returncode,
+        "rounds": [r["round"] for r in rows],
+        "participations_equal": resumed.participations == straight.participations,
+        "max_abs_diff": float((resumed.model - straight.model).abs().max()),
+    }
+
+
+class Exploit:
+    """A pickle that runs ``touch marker`` when unpickled: loading must refuse it."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def damaged_checkpoints(work: Path) -> list[list[str]]:
+    """Resume from a damaged or tampered checkpoint: the error each gives."""
+    import dataclasses
+
+    from fl_adapters.checkpoint import CheckpointError
+    from fl_adapters.fedlab.runner import run_standalone
+
+    config = fault_config(rounds=1)
+    rows = []
+    for damage in (
+        "random bytes",
+        "truncated",
+        "pickle that runs a command",
+        "another run's config",
+    ):
+        out = work / _slug(damage)
+        run_standalone(config, out, progress=False)
+        path = out / "checkpoint.pt"
+        resume_with = dataclasses.replace(config, rounds=2)
+        if damage == "random bytes":
+            path.write_bytes(os.urandom(4096))
+        elif damage == "truncated":
+            path.write_bytes(path.read_bytes()[:700])
+        elif damage == "pickle that runs a command":
+            torch.save({"format": "fedbalance-checkpoint", "x": Exploit(work / "pwned")}, path)
+        else:
+            resume_with = dataclasses.replace(resume_with, aggregator="fedloss", aggregator_args={})
+        try:
+            run_standalone(resume_with, out, progress=False, resume=True)
+            outcome = "resumed (not expected)"
+        except CheckpointError as e:
+            outcome = str(e).replace(str(out), "OUT")[:160]
+        ran = (work / "pwned").exists()
+        rows.append(
+            [
+                damage,
+                "clear error" if "not expected" not in outcome else "-",
+                "yes" if ran else "no",
+                outcome,
+            ]
+        )
+    return rows
+
+
+def faults(work: Path) -> tuple[list[list[str]], list[list[str]], dict[str, Any]]:
+    rows = []
+    for agg, model, args in (
+        ("fedavgm", "thesis_cnn", {"beta": 0.9}),
+        ("fedloss", "thesis_cnn", {}),
+        ("astraea", "astraea_cnn", {"gamma": 2}),
+    ):
+        got = stop_and_resume(
+            work / f"resume-{agg}",
+            fault_config(aggregator=agg, model=model, aggregator_args=args),
+            2,
+        )
+        rows.append(
+            [
+                "run stopped after round 2, resumed",
+                f"standalone, {agg}, 5 rounds",
+                f"ran to round {got['rounds']}",
+                "final model bit-identical to the uninterrupted run"
+                if got["identical"]
+                else "final model DIFFERS from the uninterrupted run",
+            ]
+        )
+    port = 33000 + os.getpid() % 2000
+    kill = kill_client_and_resume(work / "kill", fault_config(port=port), kill_after=2)
+    rows.append(
+        [
+            "client process killed (SIGKILL) mid-run",
+            "FedLab cross-process, 2 client processes, fedavgm, 5 rounds, kill after round 2",
+            f"launcher exit {kill['launcher_exit']}, {kill['processes_left']} processes left:"
+            f' "{kill["launcher_error"]}"'.replace(str(work), "WORK"),
+            f"checkpoint of round {kill['checkpoint_round']} (finite: {kill['checkpoint_finite']});"
+            f" `--resume` exit {kill['resume_exit']}, rounds {kill['rounds'][0]}..{kill['rounds'][-1]};"
+            f" final model vs uninterrupted standalone run: max |Δ| {kill['max_abs_diff']:.1e}"
+            f" (update arrival order only)",
+        ]
+    )
+    return rows, damaged_checkpoints(work / "damaged"), kill
+
+
 # -- Astraea: lies about label counts ----------------------------------------------------------
 def astraea_lies(opts: dict[str, Any]) -> list[list[str]]:
     """One client lies about its label counts on the Astraea benchmark's partition."""
@@ -538,6 +742,10 @@ def main(argv: list[str] | None = None) -> int:
 
     bad = bad_inputs(runs_dir / "bad-input")
     lies = astraea_lies(opts)
+    import shutil
+
+    shutil.rmtree(runs_dir / "faults", ignore_errors=True)
+    fault_rows, damaged, kill = faults(runs_dir / "faults")
     command = "fedbalance bench reliability " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (
         f"# Reliability on {dataset}: attacks, bad input\n\n"
@@ -551,6 +759,11 @@ def main(argv: list[str] | None = None) -> int:
         f"Regenerate: `{command.strip()}` (runs resume from `--runs-dir`).\n\n"
         "## Attacks on the aggregation\n\n"
         + attack_table
+        + "\n\n## Faults (small runs on scikit-learn's digits)\n\n"
+        + markdown_table(["fault", "setting", "what happened", "result"], fault_rows)
+        + "\n\nResuming from a damaged or tampered checkpoint (read with"
+        " `torch.load(weights_only=True)`, never unpickled):\n\n"
+        + markdown_table(["checkpoint", "result", "command ran", "message"], damaged)
         + "\n\n## Bad input (through `fedbalance`; exit status 2 is a usage error)\n\n"
         + markdown_table(["input", "exit", "result", "message"], bad)
         + "\n\n## Astraea: one client lies about its label counts (plan only, seed 0)\n\n"
@@ -569,7 +782,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     (out_dir / f"{stem}.md").write_text(text)
     (out_dir / f"{stem}.json").write_text(
-        json.dumps({"options": opts, "summary": summary, "runs": runs}, indent=1) + "\n"
+        json.dumps({"options": opts, "summary": summary, "kill": kill, "runs": runs}, indent=1)
+        + "\n"
     )
     plot(summary, out_dir / f"{stem}.png")
     print(text)

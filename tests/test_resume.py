@@ -1,7 +1,8 @@
 """Checkpoint and resume: a stopped run continues to exactly the uninterrupted run's model.
 
 Real FedLab standalone pipelines, and a real cross-process run whose client process is
-killed mid-run (SIGKILL) and then resumed.
+killed mid-run (SIGKILL) and then resumed. The last two are the reliability report's fault
+checks (``fedbalance bench reliability``) at the same small size.
 """
 
 from __future__ import annotations
@@ -9,10 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,12 @@ import yaml
 
 pytest.importorskip("fedlab")
 
+from fedbalance_benchmarks.reliability import (
+    Exploit,
+    damaged_checkpoints,
+    fault_config,
+    kill_client_and_resume,
+)
 from fl_adapters.checkpoint import Checkpoint, CheckpointError
 from fl_adapters.cli import main
 from fl_adapters.config import RunConfig
@@ -107,35 +110,27 @@ def test_resume_refuses_another_config(tmp_path: Path) -> None:
         run_standalone(config(rounds=2, seed=6), tmp_path, resume=True)
 
 
-class Exploit:
-    """Unpickling this would run a command: weights_only loading must refuse it."""
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.system, ("touch /tmp/fedbalance-pwned",))
-
-
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "pickle-exploit", "foreign", "types"])
 def test_a_damaged_or_tampered_checkpoint_is_a_clear_error(damage: str, tmp_path: Path) -> None:
     run_standalone(config(rounds=1), tmp_path, progress=False)
-    path = tmp_path / "checkpoint.pt"
+    path, marker = tmp_path / "checkpoint.pt", tmp_path / "pwned"
     if damage == "garbage":
         path.write_bytes(os.urandom(2048))
     elif damage == "truncated":
         path.write_bytes(path.read_bytes()[:500])
     elif damage == "pickle-exploit":
-        torch.save({"format": "fedbalance-checkpoint", "x": Exploit()}, path, pickle_protocol=2)
+        torch.save({"format": "fedbalance-checkpoint", "x": Exploit(marker)}, path)
     elif damage == "foreign":
         torch.save({"state_dict": {"w": torch.zeros(2)}}, path)
     else:
         doc = torch.load(path, weights_only=True)
         doc["round"] = "three"
         torch.save(doc, path)
-    Path("/tmp/fedbalance-pwned").unlink(missing_ok=True)
     with pytest.raises(CheckpointError) as err:
         run_standalone(config(rounds=2), tmp_path, progress=False, resume=True)
     assert str(path) in str(err.value)
-    assert not Path("/tmp/fedbalance-pwned").exists()
-    assert pickle.dumps(Exploit())  # the exploit itself is a valid pickle
+    assert not marker.exists()
+    assert pickle.dumps(Exploit(marker))  # the exploit itself is a valid pickle
 
 
 def test_cli_resume_without_a_checkpoint_exits_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -146,54 +141,23 @@ def test_cli_resume_without_a_checkpoint_exits_2(tmp_path: Path, capsys) -> None
     assert "no checkpoint at" in err and "Traceback" not in err
 
 
-def _client_pids(config_path: Path) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"fedlab-client" in cmd and str(config_path).encode() in cmd:
-            pids.append(int(proc.name))
-    return pids
-
-
 @pytest.mark.slow
 def test_killed_client_process_loses_nothing_and_the_run_resumes(tmp_path: Path) -> None:
     port = 31000 + os.getpid() % 2000
-    cfg = config(framework="fedlab-distributed", aggregator="fedavgm", rounds=5, port=port)
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(cfg.to_dict()))
-    out = tmp_path / "out"
-    cli = [sys.executable, "-m", "fl_adapters.cli", "run", str(path), "--out", str(out)]
-    launcher = subprocess.Popen(cli, stderr=subprocess.PIPE, text=True)
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-        assert launcher.poll() is None, "the run ended before the client could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    victims = _client_pids(path)
-    assert len(victims) == 2
-    os.kill(victims[0], signal.SIGKILL)
-    _, err = launcher.communicate(timeout=120)
-    assert launcher.returncode != 0
-    assert "client process rank" in err and "rerun with --resume" in err
-    survived = Checkpoint.load(out / "checkpoint.pt")
-    assert 2 <= survived.round < 5 and torch.isfinite(survived.model).all()
-    assert _client_pids(path) == []  # the launcher stopped everything
-    # Resume: the run completes, keeping the rounds it had.
-    done = subprocess.run([*cli, "--resume"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
-    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
-    resumed = Checkpoint.load(out / "checkpoint.pt")
-    # Against an uninterrupted standalone run of the same config: the same clients train on
-    # the same seeds; cross-process only changes the order updates arrive in (float sums).
-    straight_cfg = config(aggregator="fedavgm", rounds=5)
-    run_standalone(straight_cfg, tmp_path / "straight", progress=False)
-    straight = Checkpoint.load(tmp_path / "straight" / "checkpoint.pt")
-    assert resumed.participations == straight.participations
-    assert torch.allclose(resumed.model, straight.model, atol=1e-4)
+    got = kill_client_and_resume(tmp_path, fault_config(port=port), kill_after=2)
+    assert got["client_processes"] == 2 and got["launcher_exit"] == 1
+    assert "client process rank" in got["launcher_error"]
+    assert "rerun with --resume" in got["launcher_error"]
+    assert 2 <= got["checkpoint_round"] < 5 and got["checkpoint_finite"]
+    assert got["processes_left"] == 0  # the launcher stopped everything
+    assert got["resume_exit"] == 0 and got["rounds"] == [1, 2, 3, 4, 5]
+    # The same clients trained on the same seeds as an uninterrupted standalone run; only the
+    # order updates arrive in differs (float sums).
+    assert got["participations_equal"] and got["max_abs_diff"] < 1e-4
+
+
+def test_the_reliability_report_finds_every_damaged_checkpoint(tmp_path: Path) -> None:
+    rows = damaged_checkpoints(tmp_path)
+    assert len(rows) == 4
+    for damage, result, ran, message in rows:
+        assert result == "clear error" and ran == "no", (damage, message)

@@ -27,7 +27,7 @@ import torch
 from fl_adapters._training import evaluate
 from fl_adapters.checkpoint import NAME as CHECKPOINT
 from fl_adapters.checkpoint import Checkpoint, CheckpointError, restore_sampler, sampler_state
-from fl_adapters.config import RunConfig
+from fl_adapters.config import RunConfig, RunFailed
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
@@ -469,4 +469,4 @@ def watch(procs: list[subprocess.Popen[bytes]], timeout: float, out_dir: Path) -
             if ckpt.is_file()
             else "no round had completed, so there is no checkpoint"
         )
-        raise RuntimeError(f"fedlab-distributed: {failed}; {where}")
+        raise RunFailed(f"fedlab-distributed: {failed}; {where}")

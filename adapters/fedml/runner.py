@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from fl_adapters.config import RunConfig
+from fl_adapters.config import RunConfig, RunFailed
 
 MODES = {
     "fedml-sp": ("simulation", "sp"),
@@ -126,11 +126,11 @@ def run_fedml(config: RunConfig, out_dir: Path, timeout: float = 3600) -> dict[s
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired as e:
-            raise RuntimeError(
+            raise RunFailed(
                 f"FedML run did not finish within {timeout:.0f} s; see {out_dir}/fedml.log"
             ) from e
     if proc.returncode != 0:
-        raise RuntimeError(f"FedML exited with code {proc.returncode}; see {out_dir}/fedml.log")
+        raise RunFailed(f"FedML exited with code {proc.returncode}; see {out_dir}/fedml.log")
     aggregations = (
         [json.loads(x) for x in record.read_text().splitlines()] if record.exists() else []
     )
