@@ -61,9 +61,10 @@ class FedLoss(FedAvg):
         self.loss_clip = check_clip(loss_clip)
         self.peer_clip = check_clip(peer_clip, "peer_clip")
 
-    def bounded_losses(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:
+    def bounded_losses(self, updates: Sequence[ClientUpdate], peer: bool = True) -> torch.Tensor:
+        """Reported losses under ``loss_clip`` (and ``peer_clip`` unless ``peer=False``)."""
         losses = torch.tensor([float(u.metrics[METRIC]) for u in updates], dtype=torch.float64)
-        bounded = bound_losses(losses, self.loss_clip, self.peer_clip)
+        bounded = bound_losses(losses, self.loss_clip, self.peer_clip if peer else None)
         for i, (before, after) in enumerate(zip(losses.tolist(), bounded.tolist(), strict=True)):
             if after < before:
                 who = updates[i].client_id if updates[i].client_id is not None else f"#{i}"

@@ -7,8 +7,10 @@ loss of a tiny client is also the noisiest. Weighting by ``n_i * l_i`` keeps Fed
 preference for badly fit clients *per sample*: a sample on a poorly fit client counts more
 than one on a well fit client, and every sample counts. ``mix`` blends in plain FedAvg:
 ``w = mix * n_i / sum n + (1 - mix) * (n_i l_i) / sum(n l)``; ``size_aware=False`` uses the
-thesis's ``l_i / sum l`` in the second term instead. The same ``loss_clip`` and ``peer_clip``
-bounds apply to the losses (a client's reported sample count is trusted, as FedAvg trusts it).
+thesis's ``l_i / sum l`` in the second term instead. ``loss_clip`` bounds the losses as in
+FedLoss; ``peer_clip`` bounds the weighted scores ``n_i * l_i`` (the round's top score at most
+the runner-up's), so a lone loss liar again takes no more than the top honest client. A
+client's reported sample count is trusted, as FedAvg trusts it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from fl_aggregators.fedavg import FedAvg
 from fl_aggregators.fedloss import FedLoss
-from fl_aggregators.functional import normalize
+from fl_aggregators.functional import bound_losses, normalize
 from fl_aggregators.update import ClientUpdate
 
 
@@ -47,6 +49,11 @@ class FedLossN(FedLoss):
     def client_weights(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         sizes = torch.tensor([u.num_samples for u in updates], dtype=torch.float64)
         fedavg = FedAvg.client_weights(self, updates)
-        scores = self.bounded_losses(updates) * (sizes if self.size_aware else 1.0)
+        if self.size_aware:  # the peer bound applies to what is weighted: n_i * l_i
+            scores = bound_losses(
+                self.bounded_losses(updates, peer=False) * sizes, None, self.peer_clip
+            )
+        else:
+            scores = self.bounded_losses(updates)
         loss_w = normalize(scores) if scores.sum() > 0 else fedavg
         return normalize(self.mix * fedavg + (1.0 - self.mix) * loss_w)

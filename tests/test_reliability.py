@@ -1,0 +1,123 @@
+"""Attacks on real FedLab standalone runs, at CI size: the reliability report's checks.
+
+Clients misbehave inside FedLab's own pipeline (the trainer's uplink hook rewrites what they
+send); the assertions are the report's targets: a loss liar takes no more than the top honest
+client of its round, and every bad uplink is rejected with a reason, leaving a finite model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("fedlab")
+
+from fedbalance_benchmarks.reliability import Attack, main, run_stats
+from fl_adapters.checkpoint import Checkpoint
+from fl_adapters.config import RunConfig
+from fl_adapters.fedlab.runner import build, run_standalone
+
+
+def config(**overrides: Any) -> RunConfig:
+    base: dict[str, Any] = dict(
+        framework="fedlab",
+        dataset="digits",
+        partition={"name": "label_dirichlet", "beta": 0.5},
+        aggregator="fedloss",
+        num_clients=10,
+        clients_per_round=10,
+        rounds=3,
+        local_epochs=1,
+        batch_size=32,
+        seed=1,
+    )
+    base.update(overrides)
+    return RunConfig.from_dict(base)
+
+
+def attacked(tmp_path: Path, attack: Attack, **overrides: Any) -> list[dict[str, Any]]:
+    out = tmp_path / f"{attack.kind}-{attack.liars}-{attack.params}"
+    run_standalone(config(**overrides), out, progress=False, uplink_hook=attack)
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("factor", [1e3, 1e9])
+@pytest.mark.parametrize("aggregator", ["fedloss", "fedloss_n"])
+def test_one_loss_liar_takes_at_most_the_top_honest_share(
+    aggregator: str, factor: float, tmp_path: Path
+) -> None:
+    rows = attacked(tmp_path, Attack("inflate", 1, factor), aggregator=aggregator)
+    stats = run_stats(rows, liars=1)
+    assert stats["rejected"] == 0
+    for liar, top in zip(stats["liar_each"], stats["top_honest"], strict=True):
+        assert 0 < liar <= top + 1e-9
+
+
+def test_without_bounds_the_liar_takes_the_model(tmp_path: Path) -> None:
+    rows = attacked(
+        tmp_path,
+        Attack("inflate", 1, 1e6),
+        aggregator_args={"loss_clip": None, "peer_clip": None},
+    )
+    assert min(run_stats(rows, liars=1)["liar_share"]) > 0.999
+
+
+def test_colluding_liars_are_bounded_by_the_median(tmp_path: Path) -> None:
+    rows = attacked(tmp_path, Attack("inflate", 3, 1e6))
+    # Each of 3 liars counts at most 5x the lower median loss: together < 3*5/(3*5 + 7*min).
+    for share in run_stats(rows, liars=3)["liar_share"]:
+        assert share < 0.75
+
+
+def test_zero_loss_reporters_only_lose_their_own_weight(tmp_path: Path) -> None:
+    rows = attacked(tmp_path, Attack("zero_loss", 3))
+    stats = run_stats(rows, liars=3)
+    assert stats["liar_share"] == [0.0] * 3 and stats["rejected"] == 0
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf", "shape", "dtype", "missing_loss"])
+def test_bad_uplinks_are_rejected_and_the_model_stays_finite(kind: str, tmp_path: Path) -> None:
+    rows = attacked(tmp_path, Attack(kind, 1))
+    assert [r["rejected"] for r in rows] == [1, 1, 1]
+    assert all(not r["skipped"] for r in rows)
+    assert all(
+        w == 0.0 for r in rows for c, w in zip(r["clients"], r["weights"], strict=True) if c == 0
+    )
+    model = Checkpoint.load(tmp_path / f"{kind}-1-honest" / "checkpoint.pt").model
+    assert torch.isfinite(model).all()
+
+
+def test_missing_loss_is_fine_for_an_aggregator_that_does_not_need_it(tmp_path: Path) -> None:
+    rows = attacked(tmp_path, Attack("missing_loss", 1), aggregator="fedavg")
+    assert [r["rejected"] for r in rows] == [0, 0, 0]
+
+
+def test_when_every_client_is_bad_the_global_model_is_kept(tmp_path: Path) -> None:
+    rows = attacked(tmp_path, Attack("nan", 10))
+    assert [r["skipped"] for r in rows] == [True] * 3
+    from fedlab.utils import SerializationTool
+
+    initial = SerializationTool.serialize_model(build(config()).model)
+    kept = Checkpoint.load(tmp_path / "nan-10-honest" / "checkpoint.pt").model
+    assert torch.equal(kept, initial)
+
+
+@pytest.mark.slow
+def test_reliability_bench_quick_writes_the_report(tmp_path: Path) -> None:
+    assert main(["--quick", "--dataset", "digits", "--workers", "2", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "reliability_digits_quick.md").read_text()
+    for section in ("## Attacks", "## Faults", "## Bad input", "## Astraea"):
+        assert section in text
+    assert "traceback" not in text.split("## Bad input")[1].split("## Astraea")[0]
+    doc = json.loads((tmp_path / "reliability_digits_quick.json").read_text())
+    one_liar = [
+        s
+        for s in doc["summary"]
+        if s["setting"] == "1 of 10, x1e6" and s["aggregator"] in ("fedloss", "fedloss_n")
+    ]
+    assert len(one_liar) == 2 and all(s["liar_within_top_honest"] for s in one_liar)
+    assert (tmp_path / "reliability_digits_quick.png").stat().st_size > 10_000
