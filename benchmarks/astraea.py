@@ -257,17 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--runs-dir", type=Path, default=None)
     a = ap.parse_args(argv)
-    from fedbalance_benchmarks.datasets import fmnist_available
+    from fedbalance_benchmarks.datasets import bench_dataset
 
-    dataset = a.dataset
-    if dataset == "fmnist" and not fmnist_available():
-        if not a.quick:
-            raise SystemExit(
-                "Fashion-MNIST is not installed (apt install dataset-fashion-mnist); "
-                "--dataset digits runs on scikit-learn's digits"
-            )
-        print("Fashion-MNIST not found: --quick runs on scikit-learn's digits")
-        dataset = "digits"
+    dataset = bench_dataset(a.dataset, a.quick)
     opts: dict[str, Any] = dict(QUICK if a.quick else FULL)
     opts.update(
         dataset=dataset,

@@ -213,6 +213,20 @@ def load_dataset(
     return load_torchvision(name, train, data_dir, download)
 
 
+def bench_dataset(name: str, quick: bool) -> str:
+    """The dataset a benchmark runs on: Fashion-MNIST if installed; a ``--quick`` run falls
+    back to scikit-learn's digits (and says so), a full run stops with how to install it."""
+    if name != "fmnist" or fmnist_available():
+        return name
+    if not quick:
+        raise SystemExit(
+            "Fashion-MNIST is not installed (apt install dataset-fashion-mnist); "
+            "--dataset digits runs on scikit-learn's digits"
+        )
+    print("Fashion-MNIST not found: --quick runs on scikit-learn's digits")
+    return "digits"
+
+
 def fmnist_available(data_dir: str | os.PathLike[str] | None = None) -> bool:
     try:
         _find_fmnist("train-labels-idx1-ubyte", data_dir)
