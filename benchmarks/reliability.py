@@ -243,6 +243,12 @@ def collect(opts: dict[str, Any]) -> list[dict[str, Any]]:
     return runs
 
 
+def uses_loss(aggregator: str) -> bool:
+    from fl_adapters.registry import get_registry
+
+    return "val_loss" in getattr(get_registry().aggregator(aggregator), "required_metrics", ())
+
+
 def what_happened(rs: list[dict[str, Any]], liars: int) -> str:
     rounds = sum(r["rounds"] for r in rs)
     rejected = sum(r["rejected"] for r in rs)
@@ -278,13 +284,14 @@ def table(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
         honest_liars = 0 < liars < 10
         share = max(s for r in rs for s in r["liar_share"]) if honest_liars else None
         top = max(s for r in rs for s in r["top_honest"])
+        # The target is about reported losses: only the aggregators that weight by them.
         within = (
             all(
                 e <= h + 1e-9
                 for r in rs
                 for e, h in zip(r["liar_each"], r["top_honest"], strict=True)
             )
-            if honest_liars
+            if honest_liars and uses_loss(rs[0]["base"])
             else None
         )
         rows.append(
@@ -321,7 +328,7 @@ def table(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
         "Δ vs clean (points)",
         "liars' max share",
         "top honest share",
-        "each liar ≤ top honest, every round",
+        "each liar ≤ top honest, every round (loss-weighted aggregators)",
     ]
     return markdown_table(header, rows), summary
 
