@@ -146,6 +146,15 @@ def scenarios() -> list[Scenario]:
         attack = Attack("inflate", 1, 1e6, mode)
         for agg in aggs:
             out.append((f"loss inflation + {mode} update", "1 of 10, x1e6", attack, agg, agg, {}))
+    clip = {"update_clip": 3.0}
+    out.append(("clean", "-", Attack(), "fedloss (update_clip 3)", "fedloss", clip))
+    for mode in ("scaled", "flipped"):
+        attack = Attack("inflate", 1, 1e6, mode)
+        for agg in ("fedavg", "fedloss", "fedloss_n"):
+            label = f"{agg} (update_clip 3)"
+            out.append(
+                (f"loss inflation + {mode} update", "1 of 10, x1e6", attack, label, agg, clip)
+            )
     for agg in ("fedloss", "fedloss_n"):
         out.append(("loss deflation", "3 of 10 report 0", Attack("zero_loss", 3), agg, agg, {}))
     out.append(

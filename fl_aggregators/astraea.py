@@ -54,8 +54,9 @@ class Astraea(FedAvg):
         augment: bool = True,
         mediators: bool = True,
         count_clip: float | None = 20.0,
+        update_clip: float | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(update_clip=update_clip)
         self.tau_d = check_tau_d(tau_d)
         self.count_clip = check_count_clip(count_clip)
         self.gamma = _positive_int("gamma", gamma, "max clients per mediator")
@@ -76,7 +77,7 @@ class Astraea(FedAvg):
         self._annotations.update(extra)
 
     def _take_extra(self) -> dict[str, Any]:
-        extra, self._annotations = self._annotations, {}
+        extra, self._annotations = {**super()._take_extra(), **self._annotations}, {}
         return extra
 
 

@@ -2,26 +2,47 @@
 
 McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data",
 AISTATS 2017, https://arxiv.org/abs/1602.05629.
+
+``update_clip`` (off by default; every FedAvg-family aggregator takes it): a client whose
+update ``w_i - g`` is longer than ``update_clip`` x the round's lower-median update norm has
+it shortened to that length before averaging (norm bounding, as Sun et al., "Can You Really
+Backdoor Federated Learning?", 2019). It stops a client that scales or flips its update from
+dominating the model whatever its weight; it costs one more read of every client's
+parameters, which is why it is opt-in (``fedbalance bench reliability`` measures both).
+The weights reported stay the aggregator's; the record adds each client's ``update_scale``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from fl_aggregators.base import Aggregator
-from fl_aggregators.functional import normalize, weighted_mean
+from fl_aggregators.functional import normalize, update_scales, weighted_mean
 from fl_aggregators.update import ClientUpdate
 
 
+def check_update_clip(value: float | None) -> float | None:
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 1:
+        raise ValueError(f"update_clip must be None or a finite float >= 1, got {value!r}")
+    return float(value)
+
+
 class FedAvg(Aggregator):
-    """FedAvg: weights n_i / sum n (McMahan et al. 2017)."""
+    """FedAvg: weights n_i / sum n (McMahan et al. 2017); optional ``update_clip``."""
 
     name = "fedavg"
 
-    def __init__(self) -> None:
+    def __init__(self, *, update_clip: float | None = None) -> None:
         super().__init__()
+        self.update_clip = check_update_clip(update_clip)
+        self._scales: list[float] | None = None
 
     def client_weights(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         """Normalised aggregation weights of the accepted clients."""
@@ -34,5 +55,31 @@ class FedAvg(Aggregator):
         client_tensors: list[list[torch.Tensor]],
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         w = self.client_weights(updates)
-        out = [weighted_mean([c[j] for c in client_tensors], w) for j in range(len(global_tensors))]
-        return out, w
+        return self.average(global_tensors, client_tensors, w), w
+
+    def average(
+        self,
+        global_tensors: list[torch.Tensor],
+        client_tensors: list[list[torch.Tensor]],
+        w: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        """``sum_i w_i x_i`` per tensor, with long updates shortened under ``update_clip``."""
+        if self.update_clip is None:
+            return [
+                weighted_mean([c[j] for c in client_tensors], w) for j in range(len(global_tensors))
+            ]
+        scale = update_scales(global_tensors, client_tensors, self.update_clip)
+        self._scales = scale.tolist()
+        # g + sum_i w_i s_i (x_i - g): a weighted mean over [g, x_1 .. x_k], no extra copy.
+        ws = w.to(torch.float64) * scale
+        mixed = torch.cat([(1.0 - ws.sum()).clamp(min=0.0).reshape(1), ws])
+        return [
+            weighted_mean([g, *[c[j] for c in client_tensors]], mixed)
+            for j, g in enumerate(global_tensors)
+        ]
+
+    def _take_extra(self) -> dict[str, Any]:
+        extra = super()._take_extra()
+        if self._scales is not None:
+            extra["update_scale"], self._scales = self._scales, None
+        return extra

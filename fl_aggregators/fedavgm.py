@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from fl_aggregators.fedavg import FedAvg
-from fl_aggregators.functional import momentum_step, weighted_mean
+from fl_aggregators.functional import momentum_step
 from fl_aggregators.update import ClientUpdate
 
 
@@ -33,8 +33,10 @@ class FedAvgM(FedAvg):
 
     name = "fedavgm"
 
-    def __init__(self, *, beta: float = 0.9, server_lr: float = 1.0) -> None:
-        super().__init__()
+    def __init__(
+        self, *, beta: float = 0.9, server_lr: float = 1.0, update_clip: float | None = None
+    ) -> None:
+        super().__init__(update_clip=update_clip)
         self.beta = _check_float("beta", beta, 0.0, 1.0)
         self.server_lr = _check_float("server_lr", server_lr, 0.0, None)
         if self.server_lr == 0:
@@ -50,8 +52,8 @@ class FedAvgM(FedAvg):
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         w = self.client_weights(updates)
         out, velocity = [], []
-        for j, g in enumerate(global_tensors):
-            avg = weighted_mean([c[j] for c in client_tensors], w)
+        averages = self.average(global_tensors, client_tensors, w)
+        for j, (g, avg) in enumerate(zip(global_tensors, averages, strict=True)):
             if not g.is_floating_point():
                 out.append(avg)
                 velocity.append(torch.zeros(0))

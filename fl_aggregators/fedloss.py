@@ -56,8 +56,14 @@ class FedLoss(FedAvg):
     name = "fedloss"
     required_metrics = (METRIC,)
 
-    def __init__(self, *, loss_clip: float | None = 5.0, peer_clip: float | None = 1.0) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        *,
+        loss_clip: float | None = 5.0,
+        peer_clip: float | None = 1.0,
+        update_clip: float | None = None,
+    ) -> None:
+        super().__init__(update_clip=update_clip)
         self.loss_clip = check_clip(loss_clip)
         self.peer_clip = check_clip(peer_clip, "peer_clip")
 

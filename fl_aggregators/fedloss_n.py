@@ -37,8 +37,9 @@ class FedLossN(FedLoss):
         size_aware: bool = True,
         loss_clip: float | None = 5.0,
         peer_clip: float | None = 1.0,
+        update_clip: float | None = None,
     ) -> None:
-        super().__init__(loss_clip=loss_clip, peer_clip=peer_clip)
+        super().__init__(loss_clip=loss_clip, peer_clip=peer_clip, update_clip=update_clip)
         if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
             raise ValueError(f"mix must be a float in [0, 1], got {mix!r}")
         if not isinstance(size_aware, bool):

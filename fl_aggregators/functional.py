@@ -7,6 +7,7 @@ matrix is ever built. Peak extra memory is one output model plus one block per c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -202,3 +203,22 @@ def bound_losses(
             out = out.clone()
             out[i] = cap
     return out
+
+
+def update_scales(
+    global_tensors: Sequence[torch.Tensor],
+    client_tensors: Sequence[Sequence[torch.Tensor]],
+    clip: float,
+) -> torch.Tensor:
+    """Per client, ``min(1, clip * median_norm / norm_i)`` with ``norm_i = ||x_i - g||`` over the
+    floating-point tensors and the lower median over clients (float64; a zero norm gives 1)."""
+    norms = torch.zeros(len(client_tensors), dtype=torch.float64)
+    for i, tensors in enumerate(client_tensors):
+        sq = 0.0
+        for g, x in zip(global_tensors, tensors, strict=True):
+            if g.is_floating_point():
+                sq += float(torch.dist(x, g).double() ** 2)
+        norms[i] = math.sqrt(sq)
+    med = torch.sort(norms).values[(len(norms) - 1) // 2]
+    bound = clip * med
+    return torch.where(norms > bound, bound / norms.clamp(min=1e-300), torch.ones_like(norms))

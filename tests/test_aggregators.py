@@ -371,3 +371,41 @@ def test_all_finite_finds_one_bad_value_anywhere(dtype, bad, monkeypatch) -> Non
         u[i] = bad
         assert not F.all_finite(u)
     assert F.all_finite(torch.arange(10))
+
+
+# -- update norm bound -------------------------------------------------------------------------
+def test_update_clip_shortens_a_scaled_update_to_the_bound() -> None:
+    g = torch.zeros(3)
+    honest = [
+        torch.tensor([1.0, 0.0, 0.0]),
+        torch.tensor([0.0, 1.0, 0.0]),
+        torch.tensor([0.0, 0.0, 2.0]),
+    ]
+    scaled = torch.tensor([-100.0, 0.0, 0.0])  # norm 100; lower median norm 1 -> bound 3
+    ups = [ClientUpdate(x, 10) for x in [*honest, scaled]]
+    r = FedAvg(update_clip=3.0).aggregate(g, ups)
+    assert r.weights == [0.25] * 4 and r.extra["update_scale"] == pytest.approx([1, 1, 1, 0.03])
+    # g + sum w_i s_i (x_i - g): the liar moves the model by 0.25 * 3, not 0.25 * 100
+    assert torch.allclose(r.params, torch.tensor([0.25 - 0.75, 0.25, 0.5]))
+    plain = FedAvg().aggregate(g, ups)
+    assert plain.params[0] == pytest.approx(-24.75) and "update_scale" not in plain.extra
+
+
+def test_update_clip_leaves_honest_rounds_alone_and_integer_buffers_intact() -> None:
+    g = {"w": torch.zeros(2), "n": torch.tensor(4)}
+    ups = [
+        ClientUpdate({"w": torch.tensor([1.0, 1.0]), "n": torch.tensor(5)}, 1, {"val_loss": 1.0}),
+        ClientUpdate({"w": torch.tensor([2.0, 0.0]), "n": torch.tensor(7)}, 3, {"val_loss": 2.0}),
+    ]
+    for agg_cls in (FedAvg, FedLoss, FedLossN):
+        clipped = agg_cls(update_clip=5.0).aggregate(g, ups)
+        plain = agg_cls().aggregate(g, ups)
+        assert torch.allclose(clipped.params["w"], plain.params["w"])
+        assert clipped.params["n"].dtype == torch.int64 and clipped.params["n"] == plain.params["n"]
+
+
+def test_update_clip_must_be_at_least_one() -> None:
+    with pytest.raises(
+        ValueError, match="update_clip must be None or a finite float >= 1, got 0.5"
+    ):
+        FedLoss(update_clip=0.5)

@@ -67,7 +67,7 @@ PARTITION_PARAMS: dict[str, list[str]] = {
     "global_imbalance": ["profile", "exponent", "scale", "max_samples"],
 }
 AGGREGATOR_ARGS: dict[str, list[str]] = {
-    "fedloss": ["loss_clip", "peer_clip"],
+    "fedloss": ["loss_clip", "peer_clip", "update_clip"],
     "fedloss_n": ["mix", "size_aware", "loss_clip"],
     "fedavgm": ["beta", "server_lr"],
     "astraea": ["tau_d", "gamma", "mediator_epochs", "augment", "count_clip"],
