@@ -121,3 +121,15 @@ def test_reliability_bench_quick_writes_the_report(tmp_path: Path) -> None:
     ]
     assert len(one_liar) == 2 and all(s["liar_within_top_honest"] for s in one_liar)
     assert (tmp_path / "reliability_digits_quick.png").stat().st_size > 10_000
+
+
+def test_update_clip_shortens_a_scaled_update_in_a_real_run(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    rec = tmp_path / "rec.jsonl"
+    monkeypatch.setenv("FEDBALANCE_RECORD", str(rec))
+    attacked(tmp_path, Attack("inflate", 1, 1e6, "scaled"), aggregator_args={"update_clip": 3.0})
+    lines = [json.loads(x) for x in rec.read_text().splitlines()]
+    assert len(lines) == 3
+    for line in lines:
+        scale = dict(zip(line["clients"], line["update_scale"], strict=True))
+        assert scale[0] < 0.5  # the x10 update is cut to at most 3x the median length
+        assert all(s == 1.0 for c, s in scale.items() if c != 0)
