@@ -46,10 +46,10 @@ def check(config: RunConfig) -> dict[str, Any]:
     from fl_adapters.registry import get_registry
 
     mediated = getattr(get_registry().aggregator(config.aggregator), "mediated", False)
-    if mediated and config.framework not in ("fedlab", "fedml-sp"):
+    if mediated and config.framework not in ("fedlab", "fedml-sp", "fedml-cross-silo"):
         raise ConfigError(
             f"aggregator {config.aggregator!r} trains through mediator chains: framework must "
-            f"be fedlab or fedml-sp, got {config.framework!r}"
+            f"be fedlab, fedml-sp or fedml-cross-silo, got {config.framework!r}"
         )
     _, labels, partition = training_data(config)
     sizes = [len(c) for c in partition.client_indices]

@@ -336,17 +336,70 @@ def test_fedml_sp_runs_astraea_and_records_mediators(tmp_path: Path) -> None:
     assert json.dumps(recs[0]) == json.dumps(recs[1])  # same seed: same plan, same weights
 
 
-def test_fedml_mpi_modes_refuse_astraea() -> None:
+@pytest.mark.parametrize(
+    ("mode", "extra", "message"),
+    [
+        (("simulation", "MPI"), {}, "got MPI simulation"),
+        (("cross_silo", "MPI"), {"mediator_epochs": 2}, "mediator_epochs must be 1 in FedML"),
+    ],
+)
+def test_fedml_mpi_simulation_and_multi_epoch_cross_silo_refuse_astraea(
+    mode: tuple[str, str], extra: dict[str, int], message: str
+) -> None:
     pytest.importorskip("fedml")
     from types import SimpleNamespace
 
     from fl_adapters.fedml.adapter import validate
 
     args = SimpleNamespace(
-        aggregator="astraea", aggregator_args={}, training_type="cross_silo", backend="MPI"
+        aggregator="astraea",
+        aggregator_args=extra,
+        training_type=mode[0],
+        backend=mode[1],
+        comm=SimpleNamespace(Get_size=lambda: 3),
+        client_num_per_round=2,
+        worker_num=2,
     )
-    with pytest.raises(ValueError, match="sp simulation only"):
+    with pytest.raises(ValueError, match=message):
         validate(args)
+
+
+@pytest.mark.slow
+def test_fedml_cross_silo_relays_each_mediator_through_its_silos(tmp_path: Path) -> None:
+    pytest.importorskip("fedml")
+    import shutil
+    import subprocess
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("OpenMPI's mpirun is not installed")
+    doc = yaml.safe_load((EXAMPLE / "cross_silo.yaml").read_text())
+    doc["data_args"]["max_samples"] = 2000
+    doc["train_args"].update(aggregator="astraea", aggregator_args={"gamma": 2}, comm_round=3)
+    cfg = tmp_path / "cross_silo.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    rec = tmp_path / "rec.jsonl"
+    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", "-x"]
+    out = subprocess.run(
+        [*mpirun, "FEDBALANCE_RECORD", sys.executable, str(EXAMPLE / "main.py"), "--cf", str(cfg)],
+        cwd=tmp_path,
+        env={**__import__("os").environ, "FEDBALANCE_RECORD": str(rec)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    lines = records(rec)
+    assert [r["round"] for r in lines] == [1, 2, 3]
+    for r in lines:
+        assert r["host"] == "fedml-cross-silo" and r["aggregator"] == "astraea"
+        # Two silos a round, gamma 2: one mediator, so one update reaches the aggregator.
+        assert len(r["mediators"]) == 1 and len(r["mediators"][0]) == 2
+        assert r["weights"] == [1.0] and len(r["kl"]) == 1
+    # Each silo trained once a round; the second silo of each mediator got the first one's
+    # model from the server (a sync message), not the round's global model.
+    assert log.count("#######training###########") == 6
+    assert log.count("send_message_sync_model_to_client. receive_id") >= 3
 
 
 @pytest.mark.slow

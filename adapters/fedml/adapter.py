@@ -181,13 +181,18 @@ def validate(args: Any) -> None:
             f"fedbalance aggregators run in FedML modes {sorted(HOSTS)}; got training_type/backend {mode}"
         )
     check_world_size(args, mode)
-    if getattr(agg, "mediated", False) and HOSTS[mode] != "fedml-sp":
+    if getattr(agg, "mediated", False) and HOSTS[mode] == "fedml-mpi":
         raise ValueError(
             f"aggregator {chosen[0]!r} trains through mediator chains, which fedbalance runs in "
-            f"FedML's sp simulation only (training_type: simulation, backend: sp); got {mode}. "
-            "FedML's MPI server managers send every sampled client the global model and wait "
-            "for all of them; relaying a model from one client to the next is not built yet."
+            "FedML's sp simulation and MPI cross-silo; got MPI simulation (training_type: "
+            "simulation, backend: MPI). Use backend: sp, or training_type: cross_silo."
         )
+    if getattr(agg, "mediated", False) and HOSTS[mode] == "fedml-cross-silo":
+        if getattr(agg, "mediator_epochs", 1) != 1:
+            raise ValueError(
+                "aggregator_args: mediator_epochs must be 1 in FedML cross-silo (each silo "
+                f"trains once a round, as FedML's client counts rounds), got {agg.mediator_epochs}"
+            )
 
 
 def check_world_size(args: Any, mode: tuple[str, str]) -> None:
@@ -274,10 +279,102 @@ def _sp_aggregate(self: Any, original: Any, w_locals: list[tuple[Any, Any]]) -> 
 
 def _dist_train(self: Any, original: Any, round_idx: Any = None) -> Any:
     self.args.round_idx = round_idx
+    data, n = self.train_local, self.local_sample_number
+    rad = STATE.get("rad")  # cross-silo Astraea: this silo's data, rebalanced once
+    if rad is not None:
+        from fl_adapters.fedml.astraea import SiloClientData
+
+        silos = STATE.setdefault("silo_data", SiloClientData(STATE["seed"]))
+        data, n = silos.get(int(self.client_index), self.train_local, rad)
     params = train_with_validation(
-        self.trainer, None, self.train_local, int(self.client_index), self.device, self.args
+        self.trainer, None, data, int(self.client_index), self.device, self.args
     )
-    return params, self.local_sample_number
+    return params, n
+
+
+def _silo_update_model(self: Any, original: Any, weights: Any) -> Any:
+    from fl_adapters.fedml.astraea import take_rad
+
+    clean, rad = take_rad(weights)
+    if rad is not None:
+        STATE["rad"] = rad
+    return original(self, clean)
+
+
+def _silo_astraea(manager: Any) -> Any:
+    """The cross-silo server's Astraea state, built on first use (``None``: not mediated)."""
+    if not getattr(STATE["aggregator"], "mediated", False):
+        return None
+    if "silo_astraea" not in STATE:
+        from fl_adapters.fedml.astraea import SiloAstraea
+
+        STATE["silo_astraea"] = SiloAstraea(manager, STATE["aggregator"])
+    return STATE["silo_astraea"]
+
+
+def _silo_send_init(self: Any, original: Any) -> Any:
+    astraea = _silo_astraea(self)
+    if astraea is None:
+        return original(self)
+    from fl_adapters.fedml.astraea import with_rad
+
+    astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
+    STATE["planned_round"] = "init"
+    params = with_rad(self.aggregator.get_global_model_params(), astraea.planner.rad)
+    for chain in astraea.chains:  # the round's model goes to each mediator's first silo
+        client, silo = chain[0]
+        self.send_message_init_config(client, params, silo, None, None)
+    return None
+
+
+def _silo_receive(self: Any, original: Any, msg_params: Any) -> Any:
+    astraea = _silo_astraea(self)
+    if astraea is None:
+        return original(self, msg_params)
+    from fedml.cross_silo.server.message_define import MyMessage
+
+    from fl_adapters.fedml.astraea import with_rad
+
+    sender = int(msg_params.get(MyMessage.MSG_ARG_KEY_SENDER))
+    params = msg_params.get(MyMessage.MSG_ARG_KEY_MODEL_PARAMS)
+    n = int(msg_params.get(MyMessage.MSG_ARG_KEY_NUM_SAMPLES))
+    nxt = astraea.received(sender, params, n)
+    if nxt is not None:  # the server plays the mediator: pass the model on
+        STATE["forwarding"] = True
+        try:
+            self.send_message_sync_model_to_client(
+                nxt[0], with_rad(params, astraea.planner.rad), nxt[1]
+            )
+        finally:
+            STATE["forwarding"] = False
+        return None
+    if not astraea.done():
+        return None
+    # Every mediator is done: let FedML aggregate (our wrapper reads the mediators' models),
+    # test and start the next round. Its all-received check wants one flag per silo.
+    me = self.client_real_ids.index(sender)
+    for i in range(self.aggregator.client_num):
+        if i != me:
+            self.aggregator.flag_client_model_uploaded_dict[i] = True
+    return original(self, msg_params)
+
+
+def _silo_send_sync(
+    self: Any, original: Any, receive_id: Any, params: Any, client_index: Any, *a: Any, **kw: Any
+) -> Any:
+    astraea = _silo_astraea(self)
+    if astraea is None or STATE.get("forwarding"):
+        return original(self, receive_id, params, client_index, *a, **kw)
+    if self.args.round_idx + 1 >= self.round_num:  # the final model: every silo, then finish
+        return original(self, receive_id, params, client_index, *a, **kw)
+    from fl_adapters.fedml.astraea import with_rad
+
+    if STATE.get("planned_round") != self.args.round_idx:  # FedML has picked the next round
+        astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
+        STATE["planned_round"] = self.args.round_idx
+    if int(receive_id) not in astraea.first_members():
+        return None, None
+    return original(self, receive_id, with_rad(params, astraea.planner.rad), client_index, *a, **kw)
 
 
 def _mpi_aggregate(self: Any, original: Any) -> Any:
@@ -288,7 +385,10 @@ def _mpi_aggregate(self: Any, original: Any) -> Any:
 
 
 def _cross_silo_aggregate(self: Any, original: Any) -> Any:
-    model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.client_num)]
+    if "silo_astraea" in STATE:  # one update per mediator, not per silo
+        model_list = STATE["silo_astraea"].model_list()
+    else:
+        model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.client_num)]
     model_list, idxes = self.aggregator.on_before_aggregation(
         model_list
     )  # FedML's DP/defence hooks
@@ -336,6 +436,34 @@ TARGETS = (
         "aggregate",
         "fedml-cross-silo",
         _cross_silo_aggregate,
+    ),
+    (
+        "fedml.cross_silo.client.fedml_trainer",
+        "FedMLTrainer",
+        "update_model",
+        "fedml-cross-silo",
+        _silo_update_model,
+    ),
+    (
+        "fedml.cross_silo.server.fedml_server_manager",
+        "FedMLServerManager",
+        "send_init_msg",
+        "fedml-cross-silo",
+        _silo_send_init,
+    ),
+    (
+        "fedml.cross_silo.server.fedml_server_manager",
+        "FedMLServerManager",
+        "handle_message_receive_model_from_client",
+        "fedml-cross-silo",
+        _silo_receive,
+    ),
+    (
+        "fedml.cross_silo.server.fedml_server_manager",
+        "FedMLServerManager",
+        "send_message_sync_model_to_client",
+        "fedml-cross-silo",
+        _silo_send_sync,
     ),
 )
 

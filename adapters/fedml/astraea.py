@@ -14,7 +14,11 @@ the aggregator is Astraea:
 * ``_aggregate``: one update per mediator, weights ``n_m / n``, recorded with the mediators,
   their KL to uniform and the round's bytes.
 
-MPI cross-silo is not covered: see the README's Astraea section for what blocks it.
+MPI cross-silo (:class:`SiloAstraea`): FedML's server manager sends each round's model to the
+first silo of every mediator only and forwards each upload to the next silo of its mediator
+(the server plays the mediator); the rebalancing ratios travel in the downlink under a
+reserved key, and each silo rebalances its own data once. MPI *simulation* is not covered
+yet: its ``FedAVGServerManager`` sends per worker too, so the same relay would apply there.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_adapters.astraea import AstraeaPlanner, dataset_tensors, rebalance_client, run_mediator
-from fl_adapters.fedml.payload import attach
+from fl_adapters.fedml.payload import KEY_RAD, attach, strip
 from fl_aggregators.astraea import Astraea
 
 log = logging.getLogger(__name__)
@@ -110,3 +114,100 @@ class SpAstraea:
         return [
             (self.results[m][1], attach(params[m], m, None)) for m in range(len(self.mediators))
         ]
+
+
+# -- MPI cross-silo: the server relays each mediator's model from one silo to the next ---------
+def with_rad(params: Any, rad: Any) -> OrderedDict[str, Any]:
+    """Clean ``params`` plus the rebalancing ratios, for a cross-silo downlink."""
+    clean, _, _ = strip(params)
+    clean[KEY_RAD] = torch.as_tensor(rad, dtype=torch.float64)
+    return clean
+
+
+def take_rad(params: Any) -> tuple[Any, Any]:
+    """``(params without reserved keys, rad or None)`` from a cross-silo downlink."""
+    if not isinstance(params, dict) or KEY_RAD not in params:
+        return params, None
+    rad = params[KEY_RAD].double().numpy()
+    clean, _, _ = strip(params)
+    return clean, rad
+
+
+class SiloClientData:
+    """A cross-silo client's rebalanced training data, per silo index (built once, seeded)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.data: dict[int, tuple[Any, int]] = {}
+
+    def get(self, silo: int, original: Any, rad: Any) -> tuple[Any, int]:
+        if silo not in self.data:
+            x, y = dataset_tensors(original)
+            x2, y2 = rebalance_client(x, y, rad, self.seed, silo)
+            self.data[silo] = (like(original, x2, y2), len(y2))
+        return self.data[silo]
+
+
+class SiloAstraea:
+    """The cross-silo server's Astraea state: the plan, this round's chains and their results.
+
+    A chain is a mediator: ``[(FedML client id, data silo index), ...]`` in training order.
+    FedML sends the round's model to the first member of each chain only; each member's upload
+    is forwarded to the next member (the server plays the mediator), and a chain's last upload
+    is the mediator's update.
+    """
+
+    def __init__(self, manager: Any, aggregator: Astraea) -> None:
+        if aggregator.mediator_epochs != 1:
+            raise ValueError(
+                "astraea in FedML cross-silo needs mediator_epochs: 1 (each silo trains once a "
+                f"round, as FedML's client counts rounds), got {aggregator.mediator_epochs}"
+            )
+        self.aggregator = aggregator
+        host = manager.aggregator
+        silos = range(int(manager.args.client_num_in_total))
+        self.planner = AstraeaPlanner.from_labels(
+            [dataset_tensors(host.train_data_local_dict[s])[1] for s in silos], aggregator
+        )
+        self.chains: list[list[tuple[int, int]]] = []
+        self.samples: list[int] = []
+        self.results: dict[int, Any] = {}
+
+    def plan_round(self, client_ids: list[int], silo_indexes: list[int]) -> None:
+        """Group the round's silos into chains (Algorithm 3 over their label counts)."""
+        by_silo = {int(s): int(c) for c, s in zip(client_ids, silo_indexes, strict=True)}
+        self.chains = [
+            [(by_silo[s], s) for s in members] for members in self.planner.mediators(list(by_silo))
+        ]
+        self.samples = [0] * len(self.chains)
+        self.results = {}
+
+    def first_members(self) -> set[int]:
+        return {chain[0][0] for chain in self.chains}
+
+    def received(self, sender: int, params: Any, n: int) -> tuple[int, int] | None:
+        """Record ``sender``'s upload; the ``(client id, silo)`` to forward to, or ``None``."""
+        m, pos = next(
+            (m, i)
+            for m, chain in enumerate(self.chains)
+            for i, (c, _) in enumerate(chain)
+            if c == sender
+        )
+        self.samples[m] += int(n)
+        if pos + 1 < len(self.chains[m]):
+            return self.chains[m][pos + 1]
+        self.results[m] = strip(params)[0]
+        return None
+
+    def done(self) -> bool:
+        return len(self.results) == len(self.chains)
+
+    def model_list(self) -> list[tuple[int, Any]]:
+        """One ``(n_m, params)`` per mediator; annotates the record (mediators by silo index)."""
+        params = [self.results[m] for m in range(len(self.chains))]
+        param_bytes = sum(
+            int(t.numel() * t.element_size()) for t in params[0].values() if torch.is_tensor(t)
+        )
+        mediators = [[s for _, s in chain] for chain in self.chains]
+        self.planner.annotate(self.aggregator, mediators, param_bytes)
+        return [(self.samples[m], attach(params[m], m, None)) for m in range(len(self.chains))]

@@ -16,7 +16,9 @@ import torch
 
 KEY_LOSS = "__fedbalance_val_loss__"
 KEY_CLIENT = "__fedbalance_client__"
-RESERVED = (KEY_LOSS, KEY_CLIENT)
+#: Astraea's per-class ratios, server -> cross-silo clients.
+KEY_RAD = "__fedbalance_astraea_rad__"
+RESERVED = (KEY_LOSS, KEY_CLIENT, KEY_RAD)
 
 
 def attach(
