@@ -204,8 +204,11 @@ def _slug(*parts: str) -> str:
 
 def run_stats(rows: list[dict[str, Any]], liars: int) -> dict[str, Any]:
     """Per-run numbers from ``metrics.jsonl`` rows (liars are client ids ``< liars``)."""
-    liar_share, top_honest, liar_each = [], [], []
+    liar_share, top_honest, liar_each, liar_scale = [], [], [], []
     for r in rows:
+        if "update_scale" in r:
+            scales = [s for c, s in zip(r["clients"], r["update_scale"], strict=True) if c < liars]
+            liar_scale.append(min(scales, default=1.0))
         ws = list(zip(r["clients"], r["weights"], strict=True))
         bad = [w for c, w in ws if isinstance(c, int) and c < liars]
         good = [w for c, w in ws if not (isinstance(c, int) and c < liars)]
@@ -219,6 +222,7 @@ def run_stats(rows: list[dict[str, Any]], liars: int) -> dict[str, Any]:
         "liar_share": liar_share,
         "liar_each": liar_each,
         "top_honest": top_honest,
+        "liar_update_scale": liar_scale,
         "rejected": sum(r["rejected"] for r in rows),
         "skipped": sum(bool(r["skipped"]) for r in rows),
         "rounds": len(rows),
@@ -259,6 +263,7 @@ def uses_loss(aggregator: str) -> bool:
 
 
 def what_happened(rs: list[dict[str, Any]], liars: int) -> str:
+    """What the aggregator did, from the measured weights, rejections and update scales."""
     rounds = sum(r["rounds"] for r in rs)
     rejected = sum(r["rejected"] for r in rs)
     skipped = sum(r["skipped"] for r in rs)
@@ -266,9 +271,22 @@ def what_happened(rs: list[dict[str, Any]], liars: int) -> str:
         return f"{skipped}/{rounds} rounds skipped, global model kept"
     if rejected:
         return f"rejected {rejected / rounds:.1g} client(s) a round, with a logged reason"
-    if liars:
-        return "accepted"
-    return "-"
+    if not liars:
+        return "-"
+    parts = []
+    hook = rs[0]["hook"]
+    if hook["kind"] == "inflate" and uses_loss(rs[0]["base"]):
+        top = max(s for r in rs for s in r["liar_share"])
+        parts.append("val_loss accepted unbounded" if top > 0.99 else "val_loss bounded")
+    elif hook["kind"] in ("zero_loss", "tiny_loss"):
+        parts.append("accepted: liars weigh ~0")
+    else:
+        parts.append("accepted")
+    scales = [s for r in rs for s in r["liar_update_scale"]]
+    if scales:
+        worst = min(scales)
+        parts.append(f"update shortened to ≥{worst:.2f}x" if worst < 1 else "update length kept")
+    return ", ".join(parts)
 
 
 def table(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:

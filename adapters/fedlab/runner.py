@@ -136,6 +136,8 @@ class MetricsWriter:
         if rnd % self.exp.config.eval_every == 0 or rnd == self.exp.config.rounds:
             loss, acc, n = evaluate(handler.model, self.test)
             row.update(test_loss=loss, test_accuracy=acc, test_samples=n)
+        if "update_scale" in result.extra:  # update_clip: how much each update was shortened
+            row["update_scale"] = result.extra["update_scale"]
         traffic = result.extra.get("bytes")
         if traffic is not None and bytes_down is None:  # Astraea: server and mediator hops
             hops = traffic["mediator_clients"] // 2
