@@ -285,7 +285,7 @@ def what_happened(rs: list[dict[str, Any]], liars: int) -> str:
     scales = [s for r in rs for s in r["liar_update_scale"]]
     if scales:
         worst = min(scales)
-        parts.append(f"update shortened to ≥{worst:.2f}x" if worst < 1 else "update length kept")
+        parts.append(f"update shortened to {worst:.2f}x or less" if worst < 1 else "update kept")
     return ", ".join(parts)
 
 
