@@ -800,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
                 "augment (honest)",
                 "augment (with lie)",
                 "rad of that class",
-                "max |Δ rad|",
+                "max abs Δ rad",
             ],
             lies,
         )

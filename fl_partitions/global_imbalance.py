@@ -73,7 +73,7 @@ def profile_proportions(
     """Per-class target proportions (summing to 1) of a named profile."""
     ranks = np.arange(num_classes, dtype=np.float64)
     if profile == "zipf":
-        w = 1.0 / (ranks + 1) ** exponent
+        w = np.exp(-exponent * np.log(ranks + 1.0))  # log space: a huge exponent underflows to 0
     elif profile == "half_normal":
         x = 3.0 * ranks / max(num_classes - 1, 1) / scale
         w = np.exp(-0.5 * x**2)
