@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedbalance_benchmarks.thesis import RESULTS, mean_std, read_metrics, run_jobs
+from fedbalance_benchmarks.thesis import mean_std, output_dirs, read_metrics, run_jobs
 
 #: name -> (aggregator, aggregator_args)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -273,15 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if a.rounds:
         opts["rounds"] = a.rounds
-    out_dir = a.out or (Path("runs/bench-quick") if a.quick else RESULTS)
     stem = f"astraea_{dataset}_{a.profile}" + ("_quick" if a.quick else "")
-    runs_dir = a.runs_dir or (
-        out_dir / "runs" / stem
-        if a.quick
-        else Path.home() / ".cache" / "fedbalance" / "astraea-runs" / stem
-    )
+    out_dir, runs_dir = output_dirs(a.out, a.runs_dir, a.quick, stem, "astraea-runs")
     opts["runs_dir"] = str(runs_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     runs = collect(opts)
     text_table, target = table(runs, opts)

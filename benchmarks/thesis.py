@@ -118,6 +118,20 @@ def run_jobs(
             fut.result()
 
 
+def output_dirs(
+    out: Path | None, runs_dir: Path | None, quick: bool, stem: str, cache: str
+) -> tuple[Path, Path]:
+    """Where a benchmark writes its tables (made) and keeps its runs: ``runs/bench-quick`` and
+    its ``runs/STEM`` for ``--quick``; committed results and ``~/.cache/fedbalance/CACHE/STEM``
+    otherwise."""
+    out_dir = out or (Path("runs/bench-quick") if quick else RESULTS)
+    runs = runs_dir or (
+        out_dir / "runs" / stem if quick else Path.home() / ".cache" / "fedbalance" / cache / stem
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir, runs
+
+
 def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
     """A run's ``metrics.jsonl``: one dict per round."""
     return [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
