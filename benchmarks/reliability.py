@@ -717,16 +717,27 @@ def plot(summary: list[dict[str, Any]], out: Path) -> None:
     rows = [s for s in summary if s["attack"] != "clean"]
     labels = [f"{s['attack']} ({s['setting']}) · {s['aggregator']}" for s in rows]
     deltas = [s["delta_vs_clean"] for s in rows]
-    fig, ax = plt.subplots(figsize=(9, 0.28 * len(rows) + 1.2))
+    fig, ax = plt.subplots(figsize=(11, 0.3 * len(rows) + 1.4))
     colors = ["tab:red" if d < -2 else "tab:green" for d in deltas]
     ax.barh(range(len(rows)), deltas, color=colors)
+    for i, d in enumerate(deltas):
+        ax.annotate(
+            f"{d:+.1f}",
+            (d, i),
+            xytext=(-3 if d < 0 else 3, 0),
+            textcoords="offset points",
+            ha="right" if d < 0 else "left",
+            va="center",
+            fontsize=7,
+        )
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.axvline(-2, color="grey", ls="--", lw=0.8)
-    ax.set_xlabel("final accuracy minus the clean run's (points; red: more than 2 lost)")
     ax.set_xscale("symlog", linthresh=2)
+    ax.set_xlim(min(deltas) * 1.6, max(2.0, max(deltas) * 2))
+    ax.set_xlabel("final accuracy minus the clean run's, points (symlog; red: more than 2 lost)")
     ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.42, right=0.98, top=0.99, bottom=0.06)
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
