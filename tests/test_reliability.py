@@ -117,7 +117,8 @@ def test_reliability_bench_quick_writes_the_report(tmp_path: Path) -> None:
     one_liar = [
         s
         for s in doc["summary"]
-        if s["setting"] == "1 of 10, x1e6" and s["aggregator"] in ("fedloss", "fedloss_n")
+        if (s["attack"], s["setting"]) == ("loss inflation", "1 of 10, x1e6")
+        and s["aggregator"] in ("fedloss", "fedloss_n")
     ]
     assert len(one_liar) == 2 and all(s["liar_within_top_honest"] for s in one_liar)
     assert (tmp_path / "reliability_digits_quick.png").stat().st_size > 10_000
