@@ -396,6 +396,8 @@ def test_fedml_cross_silo_relays_each_mediator_through_its_silos(tmp_path: Path)
         # Two silos a round, gamma 2: one mediator, so one update reaches the aggregator.
         assert len(r["mediators"]) == 1 and len(r["mediators"][0]) == 2
         assert r["weights"] == [1.0] and len(r["kl"]) == 1
+        moved = r["bytes"]  # relayed by the server: 2 downlinks and 2 uplinks a round
+        assert moved["mediator_clients"] == 0 and moved["server_down"] > moved["server_up"] > 0
     # Each silo trained once a round; the second silo of each mediator got the first one's
     # model from the server (a sync message), not the round's global model.
     assert log.count("#######training###########") == 6

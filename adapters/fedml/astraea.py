@@ -209,5 +209,17 @@ class SiloAstraea:
             int(t.numel() * t.element_size()) for t in params[0].values() if torch.is_tensor(t)
         )
         mediators = [[s for _, s in chain] for chain in self.chains]
-        self.planner.annotate(self.aggregator, mediators, param_bytes)
+        # Every hop goes through the server here: each silo visit is one downlink (model and
+        # rad) and one uplink; there is no client-to-client traffic.
+        visits = sum(len(chain) for chain in self.chains)
+        rad_bytes = 8 * len(self.planner.rad)
+        self.aggregator.annotate(
+            mediators=mediators,
+            kl=self.planner.mediator_kl(mediators),
+            bytes={
+                "server_down": visits * (param_bytes + rad_bytes),
+                "server_up": visits * param_bytes,
+                "mediator_clients": 0,
+            },
+        )
         return [(self.samples[m], attach(params[m], m, None)) for m in range(len(self.chains))]
