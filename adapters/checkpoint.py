@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,6 @@ class Checkpoint:
     aggregator: dict[str, Any]
     participations: dict[int, int]
     sampler: list[int] | None = None
-    rows: list[dict[str, Any]] = field(default_factory=list)
     plan: dict[str, Any] | None = None
 
     def save(self, path: Path) -> None:
@@ -52,11 +51,10 @@ class Checkpoint:
             "version": VERSION,
             "config": json.dumps(self.config, sort_keys=True),
             "round": self.round,
-            "model": self.model.detach().clone(),
+            "model": self.model,
             "aggregator": self.aggregator,
             "participations": [[int(c), int(k)] for c, k in sorted(self.participations.items())],
             "sampler": self.sampler,
-            "rows": json.dumps(self.rows),
             "plan": json.dumps(self.plan) if self.plan is not None else None,
         }
         tmp = path.with_name(path.name + ".tmp")
@@ -89,7 +87,6 @@ class Checkpoint:
                 aggregator=doc["aggregator"],
                 participations={int(c): int(k) for c, k in doc["participations"]},
                 sampler=doc["sampler"],
-                rows=json.loads(doc["rows"]),
                 plan=json.loads(doc["plan"]) if doc["plan"] is not None else None,
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -101,7 +98,6 @@ class Checkpoint:
             and isinstance(ckpt.model, torch.Tensor)
             and ckpt.model.is_floating_point()
             and isinstance(ckpt.aggregator, dict)
-            and isinstance(ckpt.rows, list)
             and (ckpt.sampler is None or all(isinstance(x, int) for x in ckpt.sampler))
         )
         if not ok:

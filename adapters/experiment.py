@@ -41,12 +41,20 @@ def training_data(config: RunConfig) -> tuple[Any, np.ndarray, Partition]:
     return train, labels, partition
 
 
-def check(config: RunConfig) -> dict[str, Any]:
-    """Validate ``config`` end to end without training; a summary of what a run would use."""
+def is_mediated(aggregator: str) -> bool:
+    """Whether the named aggregator trains through mediator chains (Astraea)."""
     from fl_adapters.registry import get_registry
 
-    mediated = getattr(get_registry().aggregator(config.aggregator), "mediated", False)
-    if mediated and config.framework not in ("fedlab", "fedml-sp", "fedml-cross-silo"):
+    return bool(getattr(get_registry().aggregator(aggregator), "mediated", False))
+
+
+def check(config: RunConfig) -> dict[str, Any]:
+    """Validate ``config`` end to end without training; a summary of what a run would use."""
+    if is_mediated(config.aggregator) and config.framework not in (
+        "fedlab",
+        "fedml-sp",
+        "fedml-cross-silo",
+    ):
         raise ConfigError(
             f"aggregator {config.aggregator!r} trains through mediator chains: framework must "
             f"be fedlab, fedml-sp or fedml-cross-silo, got {config.framework!r}"

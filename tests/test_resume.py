@@ -161,3 +161,11 @@ def test_the_reliability_report_finds_every_damaged_checkpoint(tmp_path: Path) -
     assert len(rows) == 4
     for damage, result, ran, message in rows:
         assert result == "clear error" and ran == "no", (damage, message)
+
+
+def test_resume_needs_the_metrics_the_run_wrote(tmp_path: Path) -> None:
+    run_standalone(config(rounds=2), tmp_path, progress=False)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "metrics.jsonl").write_text(lines[1] + "\n")  # round 1 lost
+    with pytest.raises(CheckpointError, match=r"does not hold rounds 1\.\.2"):
+        run_standalone(config(rounds=3), tmp_path, progress=False, resume=True)

@@ -28,6 +28,7 @@ from fl_adapters._training import evaluate
 from fl_adapters.checkpoint import NAME as CHECKPOINT
 from fl_adapters.checkpoint import Checkpoint, CheckpointError, restore_sampler, sampler_state
 from fl_adapters.config import RunConfig, RunFailed
+from fl_adapters.experiment import is_mediated, training_data
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
@@ -54,7 +55,6 @@ def build(config: RunConfig) -> Experiment:
     client process start from the same weights.
     """
     from fedbalance_benchmarks.models import build_model
-    from fl_adapters.experiment import training_data
     from fl_adapters.registry import get_registry
 
     aggregator_cls = get_registry().aggregator(config.aggregator)
@@ -76,6 +76,21 @@ def build(config: RunConfig) -> Experiment:
     return Experiment(config, PartitionedDataset(train, partition), model, local, num_classes)
 
 
+def resumed_rows(path: Path, ckpt: Checkpoint | None) -> list[dict[str, Any]]:
+    """The metrics rows a resumed run keeps: its first ``ckpt.round`` (rows written after the
+    checkpoint, by a run killed between the two writes, are dropped)."""
+    if ckpt is None:
+        return []
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    kept = [r for r in rows if r.get("round", 0) <= ckpt.round]
+    if [r.get("round") for r in kept] != list(range(1, ckpt.round + 1)):
+        raise CheckpointError(
+            f"{path} does not hold rounds 1..{ckpt.round} of the checkpointed run; "
+            "resume in the directory the run wrote"
+        )
+    return kept
+
+
 class MetricsWriter:
     """Evaluates the global model after each aggregation and writes ``metrics.jsonl``."""
 
@@ -91,8 +106,7 @@ class MetricsWriter:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         self.checkpoint_path = out_dir / CHECKPOINT
-        # Rows past the checkpoint (a run killed between the two writes) are dropped.
-        self.rows: list[dict[str, Any]] = list(resume_from.rows) if resume_from else []
+        self.rows: list[dict[str, Any]] = resumed_rows(self.path, resume_from)
         self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
         if exp.config.eval_data == "test":
             from fedbalance_benchmarks.datasets import load_dataset
@@ -167,7 +181,6 @@ class MetricsWriter:
             aggregator=handler.aggregator.state_dict(),
             participations=handler.participations,
             sampler=sampler_state(handler.rng),
-            rows=self.rows,
             plan=planner.plan.as_dict() if planner is not None else None,
         ).save(self.checkpoint_path)
 
@@ -197,13 +210,6 @@ class MetricsWriter:
             }
         (self.out_dir / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
         return doc
-
-
-def is_mediated(aggregator: str) -> bool:
-    """Whether the named aggregator trains through mediator chains (Astraea)."""
-    from fl_adapters.registry import get_registry
-
-    return bool(getattr(get_registry().aggregator(aggregator), "mediated", False))
 
 
 def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandler:
