@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from fedbalance_benchmarks.thesis import mean_std, output_dirs, read_metrics, run_jobs
+from fedbalance_benchmarks.thesis import run_config as thesis_run_config
 
 KINDS = (
     "none",
@@ -180,21 +181,8 @@ QUICK = dict(num_clients=10, clients_per_round=10, rounds=2, local_epochs=1, max
 def run_config(
     aggregator: str, args: dict[str, Any], seed: int, opts: dict[str, Any]
 ) -> dict[str, Any]:
-    return {
-        "framework": "fedlab",
-        "dataset": opts["dataset"],
-        "partition": {"name": "label_dirichlet", "beta": 0.5},
-        "aggregator": aggregator,
-        "aggregator_args": args,
-        "seed": seed,
-        "optimizer": "adam",
-        "lr": 1e-3,
-        "batch_size": 64,
-        **{
-            k: opts[k]
-            for k in ("num_clients", "clients_per_round", "rounds", "local_epochs", "max_samples")
-        },
-    }
+    """The thesis benchmark's label-skew run, with this aggregator's arguments as given."""
+    return {**thesis_run_config("label", aggregator, seed, opts), "aggregator_args": args}
 
 
 def _slug(*parts: str) -> str:
