@@ -34,8 +34,8 @@ def structure_mismatch(reference: Params, params: Params) -> str | None:
             missing = sorted(set(reference) - set(params))
             extra = sorted(set(params) - set(reference))
             return f"state dict keys differ (missing {missing[:3]}, unexpected {extra[:3]})"
-    for i, (ref, got) in enumerate(zip(tensors_of(reference), tensors_of(params), strict=True)):
-        name = list(reference.keys())[i] if isinstance(reference, Mapping) else "params"
+    names = list(reference.keys()) if isinstance(reference, Mapping) else ["params"]
+    for name, ref, got in zip(names, tensors_of(reference), tensors_of(params), strict=True):
         if not isinstance(got, torch.Tensor):
             return f"{name} is a {type(got).__name__}, not a tensor"
         if got.shape != ref.shape:
