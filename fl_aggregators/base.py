@@ -9,7 +9,7 @@ parameters. :meth:`Aggregator.aggregate` does what is common to all of them:
 2. calls the subclass's :meth:`Aggregator._combine` on the rest;
 3. if the result is not finite, finds the clients with NaN/Inf parameters, rejects them and
    combines again (non-finite inputs are found from the output, so honest rounds pay no extra
-   pass over the parameters);
+   pass over the parameters; the compiled kernels report it while writing the output);
 4. if no client is left, keeps the global model unchanged and reports the round as skipped;
 5. records the aggregation (see :mod:`fl_aggregators.record`).
 """
@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import torch
 
 from fl_aggregators._tensors import rebuild, structure_mismatch, tensors_of
-from fl_aggregators.functional import all_finite
+from fl_aggregators.functional import all_finite_many
 from fl_aggregators.record import record
 from fl_aggregators.update import ClientUpdate, Params
 
@@ -145,7 +145,10 @@ class Aggregator(ABC):
             result_tensors, w = self._combine(
                 global_tensors, acc_updates, [tensors_of(u.params) for u in acc_updates]
             )
-            if all(all_finite(t) for t in result_tensors):
+            finite = getattr(result_tensors, "finite", None)  # known if a kernel made them
+            if finite is None:
+                finite = all_finite_many(result_tensors)
+            if finite:
                 weights[accepted] = w.to(torch.float64)
                 break
             bad = [i for i in accepted if not _finite(updates[i].params)]
@@ -214,4 +217,4 @@ class Aggregator(ABC):
 
 
 def _finite(params: Params) -> bool:
-    return all(all_finite(t) for t in tensors_of(params))
+    return all_finite_many(tensors_of(params))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from fl_aggregators.base import Aggregator
-from fl_aggregators.functional import median
+from fl_aggregators.functional import columns, medians
 from fl_aggregators.update import ClientUpdate
 
 
@@ -32,6 +32,6 @@ class FedMedian(Aggregator):
         updates: Sequence[ClientUpdate],
         client_tensors: list[list[torch.Tensor]],
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
-        out = [median([c[j] for c in client_tensors]) for j in range(len(global_tensors))]
+        out = medians(columns(client_tensors))
         k = len(updates)
         return out, torch.full((k,), 1.0 / k, dtype=torch.float64)

@@ -1,0 +1,158 @@
+"""The compiled kernels (numba) against float64 / numpy references and the torch fallback."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from fl_aggregators import ClientUpdate, FedAvg, FedMedian, _kernels
+from fl_aggregators.functional import all_finite_many, medians, weighted_means
+
+B = _kernels.BLOCK
+M = _kernels.MEDIAN_BLOCK
+# Block edges on both sides, a tensor that is not contiguous, and more than one block.
+SIZES = [(1,), (B - 1,), (B,), (B + 1,), (3 * B + 5,), (M + 3,)]
+
+
+@pytest.fixture
+def two_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Split even small inputs across two threads (the split is otherwise for big models)."""
+    monkeypatch.setattr(_kernels, "MIN_PARALLEL", 100)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_columns(k: int, dtype: torch.dtype, seed: int = 0) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    cols = [[torch.randn(s, generator=g, dtype=dtype) for _ in range(k)] for s in SIZES]
+    cols.append([torch.randn(9, 13, generator=g, dtype=dtype).t() for _ in range(k)])
+    return cols
+
+
+def test_the_kernels_are_what_runs_here() -> None:
+    # numba is a dependency: CI must measure and test the compiled path, not the fallback.
+    assert _kernels.available()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 8, 9, 33])
+def test_weighted_sum_rounds_the_exact_sum_once(k: int, dtype: torch.dtype, two_threads) -> None:  # type: ignore[no-untyped-def]
+    cols = make_columns(k, dtype, seed=k)
+    w = torch.rand(k, dtype=torch.float64, generator=torch.Generator().manual_seed(k))
+    w /= w.sum()
+    got = weighted_means(cols, w)
+    for col, out in zip(cols, got, strict=True):
+        exact = sum(float(wi) * t.double() for wi, t in zip(w, col, strict=True))
+        assert out.dtype == dtype and out.shape == col[0].shape
+        if dtype == torch.float32:
+            # float64 accumulation: within one float32 rounding of the exact weighted sum
+            eps = torch.finfo(torch.float32).eps
+            assert torch.allclose(out.double(), exact, rtol=eps, atol=eps)
+        else:  # the float64 reference is itself rounded, in another order
+            eps = 8 * k * torch.finfo(torch.float64).eps
+            assert torch.allclose(out, exact, rtol=eps, atol=eps)
+
+
+def test_weighted_sum_does_not_depend_on_the_thread_split(two_threads) -> None:  # type: ignore[no-untyped-def]
+    cols = make_columns(6, torch.float32)
+    w = torch.full((6,), 1 / 6, dtype=torch.float64)
+    split = weighted_means(cols, w)
+    torch.set_num_threads(1)
+    whole = weighted_means(cols, w)
+    assert all(torch.equal(a, b) for a, b in zip(split, whole, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 24, 25, 100])
+def test_median_is_numpy_median_exactly(k: int, dtype: torch.dtype, two_threads) -> None:  # type: ignore[no-untyped-def]
+    cols = make_columns(k, dtype, seed=100 + k)
+    # Infinities are ordinary values to a median; a NaN anywhere gives NaN (as numpy).
+    cols[4][0][7] = float("inf")
+    cols[4][-1][8] = float("-inf")
+    cols[4][k // 2][9] = float("nan")
+    cols[4][0][10] = float("nan")
+    got = medians(cols)
+    for col, out in zip(cols, got, strict=True):
+        expected = np.median(np.stack([t.numpy() for t in col]), axis=0)
+        assert out.dtype == dtype and out.shape == col[0].shape
+        np.testing.assert_array_equal(out.numpy(), expected.astype(out.numpy().dtype))
+    assert torch.isnan(got[4][9]) and torch.isnan(got[4][10])
+    assert torch.isnan(got[4]).sum() == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_is_found_anywhere(dtype: torch.dtype, bad: float, two_threads) -> None:  # type: ignore[no-untyped-def]
+    big = torch.finfo(dtype).max
+    ts = [torch.full((3 * B + 5,), big, dtype=dtype), torch.full((B,), -big, dtype=dtype)]
+    assert all_finite_many(ts)  # values whose sum overflows are still finite
+    for which, i in [(0, 0), (0, B), (0, 3 * B + 4), (1, 0), (1, B - 1)]:
+        us = [t.clone() for t in ts]
+        us[which][i] = bad
+        assert not all_finite_many(us), (which, i)
+
+
+def test_a_column_of_mixed_sizes_is_refused_not_read_past_its_end() -> None:
+    col = [torch.zeros(10), torch.zeros(9)]
+    with pytest.raises(ValueError, match="share dtype and size"):
+        _kernels.weighted_sum([col], np.array([0.5, 0.5]))
+    with pytest.raises(ValueError, match="share dtype and size"):
+        _kernels.median([col])
+    with pytest.raises(ValueError, match="float32 or float64"):
+        _kernels.median([[torch.zeros(3, dtype=torch.int64)] * 2])
+    with pytest.raises(ValueError, match="at least one client"):
+        _kernels.median([[]])
+    with pytest.raises(ValueError, match="one weight per client"):
+        _kernels.weighted_sum([[torch.zeros(3)] * 2], np.array([1.0]))
+
+
+def state_dicts(k: int) -> list[OrderedDict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(5)
+    return [
+        OrderedDict(
+            conv=torch.randn(8, 3, 3, 3, generator=g),
+            bn=torch.randn(3 * B, generator=g, dtype=torch.float64),
+            half=torch.randn(5000, generator=g).half(),
+            steps=torch.tensor(10 * i + 3),
+            small_int=torch.arange(4) * i,
+        )
+        for i in range(k)
+    ]
+
+
+@pytest.mark.parametrize("agg", [FedAvg, FedMedian], ids=lambda a: a.name)
+def test_fallback_without_numba_gives_the_same_model(agg, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    sds = state_dicts(5)
+    ups = [ClientUpdate(sd, n) for sd, n in zip(sds, [3, 1, 4, 1, 5], strict=True)]
+    glob = OrderedDict((k, torch.zeros_like(v)) for k, v in sds[0].items())
+    compiled = agg().aggregate(glob, ups).params
+    monkeypatch.setenv("FEDBALANCE_KERNELS", "0")
+    assert not _kernels.available()
+    fallback = agg().aggregate(glob, ups).params
+    for key, value in compiled.items():
+        assert value.dtype == fallback[key].dtype and value.shape == fallback[key].shape
+        if value.is_floating_point():
+            tol = 1e-3 if value.dtype == torch.float16 else 1e-6
+            assert torch.allclose(value.double(), fallback[key].double(), rtol=tol, atol=tol), key
+        else:
+            assert torch.equal(value, fallback[key]), key
+
+
+def test_kernels_report_a_non_finite_output() -> None:
+    big = torch.full((B + 3,), 3e38)
+    assert _kernels.weighted_sum([[big, big]], np.array([0.5, 0.5]))[1]
+    assert not _kernels.weighted_sum([[big, big]], np.array([1.0, 1.0]))[1]  # > float32 max
+    nan = torch.zeros(B + 3)
+    nan[B + 1] = float("nan")
+    # a NaN client is seen even at weight 0 (0 x NaN is NaN), so it is found and rejected
+    assert not _kernels.weighted_sum([[torch.zeros(B + 3), nan]], np.array([1.0, 0.0]))[1]
+    inf = torch.full((M + 1,), float("inf"))
+    zero = torch.zeros(M + 1)
+    assert _kernels.median([[inf, zero, zero]])[1]  # a lone Inf is outvoted
+    assert not _kernels.median([[inf, inf, zero]])[1]
