@@ -7,7 +7,8 @@ clients in the same process, alternating inside each repeat so machine noise hit
 result is the median of ``--repeats`` timed runs after one warm-up.
 
 - fedbalance: ``FedAvg``, ``FedLoss`` (``val_loss`` metrics) and ``FedMedian`` through
-  ``Aggregator.aggregate`` — validation and the finiteness check included.
+  ``Aggregator.aggregate`` — validation and the finiteness check included; with numba's
+  compiled kernels unless ``FEDBALANCE_KERNELS=0`` is set (the header says which ran).
 - FedML 0.9.6: ``FedMLAggOperator.agg(args, [(num_samples, state_dict)])`` with
   ``args.federated_optimizer = "FedAvg"`` (its ``torch_aggregator``; it overwrites client 0's
   dict, so each call gets a shallow copy of it, made outside the timed region).
@@ -608,13 +609,16 @@ def _cpu_name() -> str:
 def _versions() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
+    from fl_aggregators import _kernels
+
     parts = [f"torch {torch.__version__}", f"numpy {np.__version__}"]
-    for dist in ("fedml", "fedlab"):
+    for dist in ("numba", "fedml", "fedlab"):
         try:
             parts.append(f"{dist} {version(dist)}")
         except PackageNotFoundError:
             pass
-    return ", ".join(parts)
+    kernels = "compiled kernels (numba)" if _kernels.available() else "torch fallback"
+    return ", ".join(parts) + f"; fedbalance aggregates with its {kernels}"
 
 
 def write(
