@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from fl_aggregators._kernels import OutputPool
 from fl_aggregators._tensors import rebuild, structure_mismatch, tensors_of
 from fl_aggregators.functional import all_finite_many
 from fl_aggregators.record import record
@@ -67,6 +68,8 @@ class Aggregator(ABC):
 
     def __init__(self) -> None:
         self.round = 0
+        #: Recycles this aggregator's earlier outputs once the host has let go of them.
+        self._pool = OutputPool()
 
     # -- subclass API -------------------------------------------------------------------------
     @abstractmethod

@@ -65,13 +65,13 @@ class FedAvg(Aggregator):
     ) -> list[torch.Tensor]:
         """``sum_i w_i x_i`` per tensor, with long updates shortened under ``update_clip``."""
         if self.update_clip is None:
-            return weighted_means(columns(client_tensors), w)
+            return weighted_means(columns(client_tensors), w, self._pool)
         scale = update_scales(global_tensors, client_tensors, self.update_clip)
         self._scales = scale.tolist()
         # g + sum_i w_i s_i (x_i - g): a weighted mean over [g, x_1 .. x_k], no extra copy.
         ws = w.to(torch.float64) * scale
         mixed = torch.cat([(1.0 - ws.sum()).clamp(min=0.0).reshape(1), ws])
-        return weighted_means(columns([global_tensors, *client_tensors]), mixed)
+        return weighted_means(columns([global_tensors, *client_tensors]), mixed, self._pool)
 
     def _take_extra(self) -> dict[str, Any]:
         extra = super()._take_extra()

@@ -32,6 +32,6 @@ class FedMedian(Aggregator):
         updates: Sequence[ClientUpdate],
         client_tensors: list[list[torch.Tensor]],
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
-        out = medians(columns(client_tensors))
+        out = medians(columns(client_tensors), self._pool)
         k = len(updates)
         return out, torch.full((k,), 1.0 / k, dtype=torch.float64)

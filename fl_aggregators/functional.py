@@ -151,19 +151,26 @@ def _combined(
     return result
 
 
-def weighted_means(columns: Sequence[Sequence[torch.Tensor]], weights: torch.Tensor) -> Combined:
-    """:func:`weighted_mean` of every column (one tensor per client) in one pass."""
+def weighted_means(
+    columns: Sequence[Sequence[torch.Tensor]],
+    weights: torch.Tensor,
+    pool: _kernels.OutputPool | None = None,
+) -> Combined:
+    """:func:`weighted_mean` of every column (one tensor per client) in one pass; ``pool``
+    recycles the caller's earlier outputs that nobody holds any more."""
     w = torch.as_tensor(weights, dtype=torch.float64)
     return _combined(
         columns,
-        lambda cols: _kernels.weighted_sum(cols, w.numpy()),
+        lambda cols: _kernels.weighted_sum(cols, w.numpy(), pool),
         lambda column: weighted_mean(column, weights),
     )
 
 
-def medians(columns: Sequence[Sequence[torch.Tensor]]) -> Combined:
+def medians(
+    columns: Sequence[Sequence[torch.Tensor]], pool: _kernels.OutputPool | None = None
+) -> Combined:
     """:func:`median` of every column (one tensor per client) in one pass."""
-    return _combined(columns, _kernels.median, median)
+    return _combined(columns, lambda cols: _kernels.median(cols, pool), median)
 
 
 def all_finite_many(tensors: Sequence[torch.Tensor]) -> bool:

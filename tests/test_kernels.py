@@ -156,3 +156,72 @@ def test_kernels_report_a_non_finite_output() -> None:
     zero = torch.zeros(M + 1)
     assert _kernels.median([[inf, zero, zero]])[1]  # a lone Inf is outvoted
     assert not _kernels.median([[inf, inf, zero]])[1]
+
+
+# -- recycled outputs --------------------------------------------------------------------------
+def rounds() -> tuple[OrderedDict[str, torch.Tensor], list[list[ClientUpdate]]]:
+    sds = state_dicts(4)
+    glob = OrderedDict((k, torch.zeros_like(v)) for k, v in sds[0].items())
+    # Each round's models differ (scaled), so an overwritten result cannot go unnoticed.
+    ups = [
+        [
+            ClientUpdate(OrderedDict((k, v * (r + 1)) for k, v in sd.items()), n + r)
+            for n, sd in enumerate(sds, 1)
+        ]
+        for r in range(3)
+    ]
+    return glob, ups
+
+
+def fresh(agg_cls, glob, ups):  # type: ignore[no-untyped-def]
+    return agg_cls().aggregate(glob, ups).params
+
+
+@pytest.mark.skipif(not _kernels.RECYCLE, reason="recycling is off on this interpreter")
+@pytest.mark.parametrize("agg_cls", [FedAvg, FedMedian], ids=lambda a: a.name)
+def test_an_output_nobody_holds_is_recycled(agg_cls) -> None:  # type: ignore[no-untyped-def]
+    glob, ups = rounds()
+    agg = agg_cls()
+    first_ptr = agg.aggregate(glob, ups[0]).params["bn"].data_ptr()  # result dropped at once
+    second = agg.aggregate(glob, ups[1]).params
+    assert second["bn"].data_ptr() == first_ptr  # same memory, no new pages
+    for key, value in fresh(agg_cls, glob, ups[1]).items():
+        assert torch.equal(second[key], value), key
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [
+        lambda p: p,  # the whole result
+        lambda p: p["bn"],  # one tensor
+        lambda p: p["bn"][10:20],  # a view of it
+        lambda p: p["bn"].numpy(),  # a numpy array on its memory
+        lambda p: {"renamed": p["bn"]},  # inside another container
+    ],
+    ids=["dict", "tensor", "view", "numpy", "container"],
+)
+@pytest.mark.parametrize("agg_cls", [FedAvg, FedMedian], ids=lambda a: a.name)
+def test_an_output_someone_holds_is_never_overwritten(agg_cls, keep) -> None:  # type: ignore[no-untyped-def]
+    glob, ups = rounds()
+    agg = agg_cls()
+    first = agg.aggregate(glob, ups[0]).params
+    kept = keep(first)
+    snapshot = first["bn"].clone()
+    del first
+    agg.aggregate(glob, ups[1])
+    agg.aggregate(glob, ups[2])
+    if isinstance(kept, dict):
+        kept = next(iter(kept.values())) if "renamed" in kept else kept["bn"]
+    now = torch.as_tensor(kept)
+    assert torch.equal(now, snapshot[10:20] if now.numel() == 10 else snapshot)
+
+
+def test_chained_rounds_match_a_fresh_aggregator_each_round() -> None:
+    # The usual loop: each result becomes the next global model (so it is held, not reused).
+    glob, ups = rounds()
+    agg, g = FedAvg(update_clip=2.0), glob
+    for r in range(3):
+        expected = FedAvg(update_clip=2.0).aggregate(g, ups[r]).params
+        g = agg.aggregate(g, ups[r]).params
+        for key, value in expected.items():
+            assert torch.equal(g[key], value), (r, key)
