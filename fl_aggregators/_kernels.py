@@ -54,6 +54,12 @@ MIN_PARALLEL = 1 << 18
 DTYPES = (torch.float32, torch.float64)
 
 
+def takes(column: Sequence[torch.Tensor]) -> bool:
+    """Whether the kernels can read these tensors: float32/float64, all in CPU memory (they
+    read raw addresses, so a GPU tensor must never reach them)."""
+    return column[0].dtype in DTYPES and all(t.device.type == "cpu" for t in column)
+
+
 def available() -> bool:
     """Whether the compiled kernels are used (numba importable, not turned off)."""
     return numba is not None and os.environ.get("FEDBALANCE_KERNELS", "1") != "0"
@@ -203,8 +209,11 @@ def _check_column(column: Sequence[torch.Tensor]) -> None:
     if not column:
         raise ValueError("a column needs at least one client's tensor")
     first = column[0]
-    if first.dtype not in DTYPES:
-        raise ValueError(f"the kernels take float32 or float64 tensors, got {first.dtype}")
+    if not takes(column):
+        raise ValueError(
+            "the kernels take float32 or float64 tensors in CPU memory, got "
+            f"{first.dtype} on {sorted({t.device.type for t in column})}"
+        )
     for t in column:
         if t.dtype != first.dtype or t.numel() != first.numel():
             raise ValueError(
@@ -376,9 +385,9 @@ def median(
 
 
 def any_nonfinite(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether any float32/float64 tensor holds a NaN or Inf (others are skipped)."""
+    """Whether any float32/float64 CPU tensor holds a NaN or Inf (others are skipped)."""
     for dtype in DTYPES:
-        ts = _contiguous([t for t in tensors if t.dtype == dtype])
+        ts = _contiguous([t for t in tensors if t.dtype == dtype and takes([t])])
         if not ts:
             continue
         src = _addresses(ts)

@@ -90,10 +90,11 @@ def columns(client_tensors: Sequence[Sequence[torch.Tensor]]) -> list[list[torch
 
 
 def _compiled(columns: Sequence[Sequence[torch.Tensor]]) -> list[int]:
-    """Indices of the columns the compiled kernels take (float32/float64, numba present)."""
+    """Indices of the columns the compiled kernels take (float32/float64 in CPU memory, numba
+    present); GPU tensors, for one, stay with torch."""
     if not _kernels.available():
         return []
-    return [j for j, c in enumerate(columns) if c[0].dtype in _kernels.DTYPES]
+    return [j for j, c in enumerate(columns) if _kernels.takes(c)]
 
 
 #: Columns the kernels do not take (e.g. BatchNorm's int64 counters) up to this size are
@@ -176,9 +177,9 @@ def medians(
 def all_finite_many(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether no tensor holds a NaN or Inf, reading each value once."""
     if _kernels.available():
-        if _kernels.any_nonfinite(tensors):
+        if _kernels.any_nonfinite([t for t in tensors if _kernels.takes([t])]):
             return False
-        tensors = [t for t in tensors if t.dtype not in _kernels.DTYPES]
+        tensors = [t for t in tensors if not _kernels.takes([t])]
     return all(all_finite(t) for t in tensors)
 
 

@@ -104,12 +104,22 @@ def test_a_column_of_mixed_sizes_is_refused_not_read_past_its_end() -> None:
         _kernels.weighted_sum([col], np.array([0.5, 0.5]))
     with pytest.raises(ValueError, match="share dtype and size"):
         _kernels.median([col])
-    with pytest.raises(ValueError, match="float32 or float64"):
+    with pytest.raises(ValueError, match="float32 or float64 tensors in CPU memory"):
         _kernels.median([[torch.zeros(3, dtype=torch.int64)] * 2])
     with pytest.raises(ValueError, match="at least one client"):
         _kernels.median([[]])
     with pytest.raises(ValueError, match="one weight per client"):
         _kernels.weighted_sum([[torch.zeros(3)] * 2], np.array([1.0]))
+
+
+def test_tensors_outside_cpu_memory_stay_with_torch() -> None:
+    # The kernels read raw addresses: a GPU tensor must go to torch instead (a "meta" tensor
+    # stands in for one here, where there is no GPU).
+    meta = [torch.empty(5, device="meta") for _ in range(2)]
+    assert not _kernels.takes(meta)
+    assert _kernels.takes([torch.zeros(5), torch.zeros(5)])
+    with pytest.raises(ValueError, match="CPU memory"):
+        _kernels.weighted_sum([meta], np.array([0.5, 0.5]))
 
 
 def state_dicts(k: int) -> list[OrderedDict[str, torch.Tensor]]:
