@@ -57,7 +57,7 @@ DTYPES = (torch.float32, torch.float64)
 def takes(column: Sequence[torch.Tensor]) -> bool:
     """Whether the kernels can read these tensors: float32/float64, all in CPU memory (they
     read raw addresses, so a GPU tensor must never reach them)."""
-    return column[0].dtype in DTYPES and all(t.device.type == "cpu" for t in column)
+    return column[0].dtype in DTYPES and all(t.is_cpu for t in column)
 
 
 def available() -> bool:
