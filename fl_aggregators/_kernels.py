@@ -203,23 +203,30 @@ if numba is not None:
 
 # -- the Python side: addresses, work split, threads ------------------------------------------
 def _check_column(column: Sequence[torch.Tensor]) -> None:
-    """A column the kernels can read: clients present, one dtype they take, one size (the
-    kernels trust the sizes, so this check is what stands between a bad input and a read
-    past a tensor's end)."""
+    """A column the kernels can read: clients present, one dtype they take, one size, CPU
+    memory (the kernels trust all of it, so this check is what stands between a bad input
+    and a read past a tensor's end)."""
     if not column:
         raise ValueError("a column needs at least one client's tensor")
     first = column[0]
-    if not takes(column):
-        raise ValueError(
-            "the kernels take float32 or float64 tensors in CPU memory, got "
-            f"{first.dtype} on {sorted({t.device.type for t in column})}"
-        )
+    dtype, size = first.dtype, first.numel()
+    if dtype not in DTYPES:
+        raise ValueError(f"the kernels take float32 or float64 tensors in CPU memory, got {dtype}")
     for t in column:
-        if t.dtype != first.dtype or t.numel() != first.numel():
+        if not t.is_cpu:
+            raise ValueError(
+                f"the kernels take float32 or float64 tensors in CPU memory, got one on {t.device}"
+            )
+        if t.dtype != dtype or t.numel() != size:
             raise ValueError(
                 f"tensors of one position must share dtype and size, got {t.dtype} x {t.numel()}"
-                f" beside {first.dtype} x {first.numel()}"
+                f" beside {dtype} x {size}"
             )
+
+
+def _like(dtype: torch.dtype) -> np.ndarray:
+    """An empty numpy array of ``dtype``: the kernels read their element type from it."""
+    return np.empty(0, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
 
 
 def _contiguous(ts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -343,8 +350,9 @@ def _per_dtype(
             continue
         src = np.stack([_addresses([columns[j][i] for j in idx]) for i in range(k)])
         dst = _addresses([outs[j] for j in idx])
-        like = np.empty(0, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
-        flags = _run(functools.partial(call, src, dst, like), [outs[j].numel() for j in idx])
+        flags = _run(
+            functools.partial(call, src, dst, _like(dtype)), [outs[j].numel() for j in idx]
+        )
         bad = bad or any(flags)
     return outs, not bad
 
@@ -387,12 +395,12 @@ def median(
 def any_nonfinite(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether any float32/float64 CPU tensor holds a NaN or Inf (others are skipped)."""
     for dtype in DTYPES:
-        ts = _contiguous([t for t in tensors if t.dtype == dtype and takes([t])])
+        ts = _contiguous([t for t in tensors if t.dtype == dtype and t.is_cpu])
         if not ts:
             continue
-        src = _addresses(ts)
-        like = np.empty(0, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
-        flags = _run(functools.partial(_nonfinite, src, like), [t.numel() for t in ts])
+        flags = _run(
+            functools.partial(_nonfinite, _addresses(ts), _like(dtype)), [t.numel() for t in ts]
+        )
         if any(flags):
             return True
     return False

@@ -134,7 +134,7 @@ class Combined(list[torch.Tensor]):
 
 def _combined(
     columns: Sequence[Sequence[torch.Tensor]],
-    compiled: Callable[[list[list[torch.Tensor]]], tuple[list[torch.Tensor], bool]],
+    compiled: Callable[[list[Sequence[torch.Tensor]]], tuple[list[torch.Tensor], bool]],
     fallback: Callable[[Sequence[torch.Tensor]], torch.Tensor],
 ) -> Combined:
     """``compiled`` on the columns the kernels take, ``fallback`` on the rest."""
@@ -142,7 +142,7 @@ def _combined(
     fast = _compiled(columns)
     finite = True
     if fast:
-        tensors, finite = compiled([list(columns[j]) for j in fast])
+        tensors, finite = compiled([columns[j] for j in fast])
         for j, t in zip(fast, tensors, strict=True):
             out[j] = t
     slow = [j for j in range(len(columns)) if out[j] is None]
@@ -177,7 +177,7 @@ def medians(
 def all_finite_many(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether no tensor holds a NaN or Inf, reading each value once."""
     if _kernels.available():
-        if _kernels.any_nonfinite([t for t in tensors if _kernels.takes([t])]):
+        if _kernels.any_nonfinite(tensors):  # reads the tensors the kernels take
             return False
         tensors = [t for t in tensors if not _kernels.takes([t])]
     return all(all_finite(t) for t in tensors)
