@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fl_adapters.config import RunConfig
 
 
 def records(path: Path) -> list[dict[str, Any]]:
@@ -21,3 +24,14 @@ def fedloss_weights(losses: list[float], clip: float = 5.0, peer: float = 1.0) -
         top = max(range(len(bounded)), key=bounded.__getitem__)
         bounded[top] = min(bounded[top], peer * sorted(bounded)[-2])
     return [x / sum(bounded) for x in bounded]
+
+
+def digits_run(defaults: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
+    """A small FedLab run on scikit-learn's digits (fast enough for CI): one local epoch of
+    batches of 32, then a test module's ``defaults``, then one test's ``overrides``."""
+    from fl_adapters.config import RunConfig
+
+    fields: dict[str, Any] = dict(
+        framework="fedlab", dataset="digits", local_epochs=1, batch_size=32
+    )
+    return RunConfig.from_dict({**fields, **defaults, **overrides})

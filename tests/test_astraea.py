@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import records
+from helpers import digits_run, records
 
 from fl_adapters.astraea import AstraeaPlanner, rebalance, round_traffic, run_mediator
 from fl_aggregators.astraea import Astraea, paper_traffic
@@ -143,28 +143,17 @@ fedlab = pytest.importorskip("fedlab")
 
 
 def astraea_config(**overrides: object):  # type: ignore[no-untyped-def]
-    from fl_adapters.config import RunConfig
-
-    base: dict[str, object] = dict(
-        framework="fedlab",
-        dataset="digits",
-        partition={
-            "name": "global_imbalance",
-            "profile": "zipf",
-            "exponent": 1.2,
-            "then": {"name": "label_dirichlet", "beta": 0.5},
-        },
-        aggregator="astraea",
-        aggregator_args={"gamma": 2, "tau_d": 2.0},
-        num_clients=8,
-        clients_per_round=5,
-        rounds=3,
-        local_epochs=1,
-        batch_size=32,
-        seed=5,
+    partition = {
+        "name": "global_imbalance",
+        "profile": "zipf",
+        "exponent": 1.2,
+        "then": {"name": "label_dirichlet", "beta": 0.5},
+    }
+    defaults = dict(aggregator="astraea", aggregator_args={"gamma": 2, "tau_d": 2.0}, seed=5)
+    return digits_run(
+        {**defaults, "partition": partition, "num_clients": 8, "clients_per_round": 5, "rounds": 3},
+        overrides,
     )
-    base.update(overrides)
-    return RunConfig.from_dict(base)
 
 
 def run_pipeline(cfg):  # type: ignore[no-untyped-def]

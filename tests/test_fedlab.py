@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("fedlab")
 
-from helpers import fedloss_weights, records
+from helpers import digits_run, fedloss_weights, records
 
 from fl_adapters.config import RunConfig
 from fl_adapters.fedlab import FedBalancePartitioner, FedBalanceServerHandler, PartitionedDataset
@@ -26,20 +26,8 @@ AGGREGATORS = ["fedavg", "fedavgm", "fedmedian", "fedloss", "fedloss_n"]
 
 
 def tiny_config(**overrides: object) -> RunConfig:
-    base: dict[str, object] = dict(
-        framework="fedlab",
-        dataset="digits",
-        partition={"name": "mixed"},
-        aggregator="fedloss",
-        num_clients=6,
-        clients_per_round=3,
-        rounds=3,
-        local_epochs=1,
-        batch_size=32,
-        seed=3,
-    )
-    base.update(overrides)
-    return RunConfig.from_dict(base)
+    base = {"partition": {"name": "mixed"}, "aggregator": "fedloss", "num_clients": 6}
+    return digits_run({**base, "clients_per_round": 3, "rounds": 3, "seed": 3}, overrides)
 
 
 @pytest.mark.parametrize("aggregator", AGGREGATORS)

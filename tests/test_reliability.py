@@ -16,6 +16,8 @@ import torch
 
 pytest.importorskip("fedlab")
 
+from helpers import digits_run
+
 from fedbalance_benchmarks.reliability import Attack, main, run_stats
 from fl_adapters.checkpoint import Checkpoint
 from fl_adapters.config import RunConfig
@@ -23,20 +25,10 @@ from fl_adapters.fedlab.runner import build, run_standalone
 
 
 def config(**overrides: Any) -> RunConfig:
-    base: dict[str, Any] = dict(
-        framework="fedlab",
-        dataset="digits",
-        partition={"name": "label_dirichlet", "beta": 0.5},
-        aggregator="fedloss",
-        num_clients=10,
-        clients_per_round=10,
-        rounds=3,
-        local_epochs=1,
-        batch_size=32,
-        seed=1,
+    base = {"partition": {"name": "label_dirichlet", "beta": 0.5}, "aggregator": "fedloss"}
+    return digits_run(
+        {**base, "num_clients": 10, "clients_per_round": 10, "rounds": 3, "seed": 1}, overrides
     )
-    base.update(overrides)
-    return RunConfig.from_dict(base)
 
 
 def attacked(tmp_path: Path, attack: Attack, **overrides: Any) -> list[dict[str, Any]]:

@@ -18,6 +18,8 @@ import yaml
 
 pytest.importorskip("fedlab")
 
+from helpers import digits_run
+
 from fedbalance_benchmarks.reliability import (
     Exploit,
     damaged_checkpoints,
@@ -31,20 +33,10 @@ from fl_adapters.fedlab.runner import run_standalone
 
 
 def config(**overrides: object) -> RunConfig:
-    base: dict[str, object] = dict(
-        framework="fedlab",
-        dataset="digits",
-        partition={"name": "label_dirichlet", "beta": 0.5},
-        aggregator="fedavgm",
-        num_clients=6,
-        clients_per_round=3,
-        rounds=4,
-        local_epochs=1,
-        batch_size=32,
-        seed=5,
+    base = {"partition": {"name": "label_dirichlet", "beta": 0.5}, "aggregator": "fedavgm"}
+    return digits_run(
+        {**base, "num_clients": 6, "clients_per_round": 3, "rounds": 4, "seed": 5}, overrides
     )
-    base.update(overrides)
-    return RunConfig.from_dict(base)
 
 
 def rows_without_time(out: Path) -> list[dict[str, object]]:
