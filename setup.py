@@ -1,13 +1,15 @@
-"""Ships ``fedbalance_autoload.pth`` at the top of site-packages (wheel and editable installs).
+"""Finds the packages and ships ``fedbalance_autoload.pth`` at the top of site-packages.
 
-Everything else is in pyproject.toml. The ``.pth`` line arms the FedLab/FedML adapters when
-those packages are imported; see ``adapters/autoload.py``.
+Everything else is in pyproject.toml. Packages are found under each source folder of
+:data:`ROOTS` (``adapters/`` is installed as ``fl_adapters``), so a new subpackage ships
+without an edit here. The ``.pth`` line arms the FedLab/FedML adapters when those packages are
+imported; see ``adapters/autoload.py``.
 """
 
 import os
 import shutil
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 PTH = "fedbalance_autoload.pth"
@@ -36,4 +38,20 @@ try:  # editable installs (pip install -e) build their wheel with editable_wheel
 except ImportError:  # pragma: no cover - setuptools < 64
     pass
 
-setup(cmdclass=cmdclass)
+#: import name -> source folder
+ROOTS = {
+    "fl_aggregators": "fl_aggregators",
+    "fl_partitions": "fl_partitions",
+    "fl_adapters": "adapters",
+    "fedbalance_benchmarks": "benchmarks",
+}
+
+
+def packages() -> list[str]:
+    found = []
+    for name, folder in ROOTS.items():
+        found += [name, *(f"{name}.{sub}" for sub in find_packages(folder))]
+    return found
+
+
+setup(cmdclass=cmdclass, package_dir=ROOTS, packages=packages())

@@ -2,16 +2,23 @@
 
 fedbalance installs ``fedbalance_autoload.pth`` into site-packages; at interpreter start it
 calls :func:`install`, which puts a tiny finder on ``sys.meta_path``. The finder does nothing
-until a top-level ``fedlab`` or ``fedml`` import, then runs the adapter's ``arm()`` right after
-that package's ``__init__``:
+until a top-level ``fedlab`` or ``fedml`` import, then, right after that package's
+``__init__``, :func:`arm_host` runs the adapter's ``arm()``:
 
 * FedLab: armed only when ``FEDBALANCE_AGGREGATOR`` is set (see
   :mod:`fl_adapters.fedlab.autoload`); inert otherwise.
 * FedML: armed on every import, but inert unless the host's config names a fedbalance
   aggregator (see :mod:`fl_adapters.fedml.adapter`).
 
-Turn it off with ``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1``. This module imports nothing heavy:
-it runs in every Python process of the environment.
+A plugin never breaks its host. The adapters are armed only against the host versions they
+were written for (:data:`SUPPORTED`); on any other version, or when arming raises anything at
+all, every patch already made is undone, the host runs exactly as stock, and one line on
+stderr says what was found, what is supported and how to force (``FEDBALANCE_FORCE_HOST=1``)
+or disable (``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1``) the autoload. Only a run that explicitly
+names a fedbalance aggregator stops: ``FEDBALANCE_AGGREGATOR`` at ``import fedlab``, or an
+``aggregator:`` key at ``fedml.init()``, with :class:`HostNotSupported` naming the host version.
+
+This module imports nothing heavy: it runs in every Python process of the environment.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -26,12 +34,169 @@ from types import ModuleType
 from typing import Any
 
 DISABLE_ENV = "FEDBALANCE_DISABLE_HOST_AUTOLOAD"
+FORCE_ENV = "FEDBALANCE_FORCE_HOST"
+#: FedLab has no config file: this variable is how a stock FedLab script asks for an aggregator
+FEDLAB_AGGREGATOR_ENV = "FEDBALANCE_AGGREGATOR"
 #: top-level host package -> module whose ``arm()`` adapts it
 HOOKS = {"fedlab": "fl_adapters.fedlab.autoload", "fedml": "fl_adapters.fedml.adapter"}
+#: host -> the releases whose internals the adapters were written against
+SUPPORTED = {"fedlab": ("1.3.0",), "fedml": ("0.9.6",)}
+LABELS = {"fedlab": "FedLab", "fedml": "FedML"}
+#: host -> why it runs stock in this process (set when fedbalance did not arm it)
+NOT_ARMED: dict[str, str] = {}
+_MISSING = object()
+
+
+class HostNotSupported(RuntimeError):
+    """A run names a fedbalance aggregator, but fedbalance cannot serve this host version."""
 
 
 def disabled() -> bool:
     return os.environ.get(DISABLE_ENV, "").strip() not in ("", "0")
+
+
+def forced() -> bool:
+    return os.environ.get(FORCE_ENV, "").strip() not in ("", "0")
+
+
+class Patches:
+    """Attribute replacements on one host, undone together: armed completely or not at all."""
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def set(self, owner: Any, attr: str, new: Any) -> None:
+        self._undo.append((owner, attr, vars(owner).get(attr, _MISSING)))
+        setattr(owner, attr, new)
+
+    def undo(self) -> None:
+        while self._undo:
+            owner, attr, old = self._undo.pop()
+            if old is _MISSING:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, old)
+
+
+#: host -> the patches its adapter made in this process
+PATCHES = {host: Patches() for host in HOOKS}
+
+
+def host_version(host: str, module: ModuleType | None = None) -> str | None:
+    """The imported host's ``__version__`` (the distribution's metadata as a fallback)."""
+    module = module if module is not None else sys.modules.get(host)
+    version = getattr(module, "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        return importlib.metadata.version(host)
+    except Exception:
+        return None
+
+
+def unsupported(host: str, version: str | None) -> str | None:
+    """Why fedbalance will not arm ``host`` at ``version`` (``None``: it will)."""
+    if version in SUPPORTED[host] or forced():
+        return None
+    return (
+        f"found {LABELS[host]} {version or '(version unknown)'}; fedbalance's {LABELS[host]} "
+        f"adapter supports {LABELS[host]} {', '.join(SUPPORTED[host])}"
+    )
+
+
+def advice() -> str:
+    return (
+        f"{FORCE_ENV}=1 arms it anyway (at your risk), {DISABLE_ENV}=1 turns fedbalance's "
+        f"autoload off"
+    )
+
+
+def refusal(host: str, reason: str) -> str:
+    """The message that stops a run naming a fedbalance aggregator on a host it cannot serve."""
+    return (
+        f"this run names a fedbalance aggregator, but {reason}; fedbalance cannot serve it. "
+        f"Install {LABELS[host]} {' or '.join(SUPPORTED[host])}, or {advice()}"
+    )
+
+
+def _tell_once(host: str, reason: str) -> None:
+    if host in NOT_ARMED:
+        return
+    NOT_ARMED[host] = reason
+    try:
+        sys.stderr.write(
+            f"fedbalance: {reason}; {LABELS[host]} runs stock in this process. {advice()}.\n"
+        )
+    except Exception:  # a closed or odd stderr must not break the host's import either
+        pass
+
+
+def fedlab_requested() -> bool:
+    return bool(os.environ.get(FEDLAB_AGGREGATOR_ENV, "").strip())
+
+
+def arm_host(host: str, module: ModuleType) -> None:
+    """Arm ``host``'s adapter; any failure leaves the host stock (see the module docstring)."""
+    reason = unsupported(host, host_version(host, module))
+    if host == "fedlab" and not fedlab_requested():
+        if reason is not None:  # nothing to arm; say once that nothing would be
+            _tell_once(host, reason)
+        return
+    if reason is None:
+        try:
+            importlib.import_module(HOOKS[host]).arm()
+            return
+        except Exception as e:
+            PATCHES[host].undo()
+            # FEDBALANCE_AGGREGATOR names an unknown plugin or bad arguments: the user's error.
+            if host == "fedlab" and not _host_error(e):
+                raise
+            reason = (
+                f"arming fedbalance's adapter for {LABELS[host]} {host_version(host, module)} "
+                f"failed ({type(e).__name__}: {e})"
+            )
+    if host == "fedlab":
+        raise HostNotSupported(f"{FEDLAB_AGGREGATOR_ENV} is set: {refusal(host, reason)}")
+    _tell_once(host, reason)
+    _guard_fedml(module, reason)
+
+
+def _host_error(e: Exception) -> bool:
+    """A host that lacks what the adapter patches (moved module, renamed method)."""
+    return isinstance(e, (ImportError, AttributeError)) and not type(e).__module__.startswith(
+        "fl_adapters"
+    )
+
+
+def _guard_fedml(fedml: ModuleType, reason: str) -> None:
+    """Stock FedML, except that ``fedml.init()`` stops a config naming ``aggregator:``."""
+    init = getattr(fedml, "init", None)
+    if not callable(init):
+        return
+
+    def guarded_init(*a: Any, **kw: Any) -> Any:
+        args = init(*a, **kw)
+        name = getattr(args, "aggregator", None)
+        if isinstance(name, str) and name.strip():
+            raise HostNotSupported(f"aggregator: {name.strip()}: {refusal('fedml', reason)}")
+        return args
+
+    try:
+        guarded_init.__wrapped__ = init  # type: ignore[attr-defined]
+        PATCHES["fedml"].set(fedml, "init", guarded_init)
+    except Exception:  # an init we cannot wrap: the host stays exactly stock
+        pass
+
+
+def require_host(host: str) -> None:
+    """For a run that names a fedbalance aggregator: stop if ``host`` cannot be served here.
+
+    Imports the host (a missing host raises its own ``ImportError``).
+    """
+    module = importlib.import_module(host)
+    reason = NOT_ARMED.get(host) or unsupported(host, host_version(host, module))
+    if reason is not None:
+        raise HostNotSupported(refusal(host, reason))
 
 
 class _ArmingLoader(importlib.abc.Loader):
@@ -46,8 +211,8 @@ class _ArmingLoader(importlib.abc.Loader):
         return create(spec) if create is not None else None
 
     def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        importlib.import_module(HOOKS[self.name]).arm()
+        self.loader.exec_module(module)  # the host's own errors are the host's
+        arm_host(self.name, module)
 
     def __getattr__(self, item: str) -> Any:  # get_resource_reader, is_package, ...
         return getattr(self.loader, item)
@@ -61,13 +226,16 @@ class HostFinder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in HOOKS or disabled():
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _ArmingLoader(spec.loader, fullname)
-                return spec
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None and spec.loader is not None:
+                    spec.loader = _ArmingLoader(spec.loader, fullname)
+                    return spec
+        except Exception:  # let the import system find the host itself, stock
+            return None
         return None
 
 

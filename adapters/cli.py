@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
+from fl_adapters.autoload import HostNotSupported
 from fl_adapters.registry import PluginError, get_registry
 
 log = logging.getLogger("fedbalance")
@@ -28,6 +29,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     TypeError,
     KeyError,
     PluginError,
+    HostNotSupported,
     FileNotFoundError,
     PermissionError,
 )
@@ -122,10 +124,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def require_host(config: Any) -> None:
+    """Stop before anything runs when fedbalance cannot serve the installed host version."""
+    from fl_adapters.autoload import require_host as require
+
+    require(config.framework.split("-")[0])  # fedlab-distributed -> fedlab, fedml-sp -> fedml
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from fl_adapters.config import RunConfig
 
     config = RunConfig.load(args.config)
+    require_host(config)
     if args.check:
         from fl_adapters.experiment import check
 
@@ -169,8 +179,10 @@ def cmd_fedlab_server(args: argparse.Namespace) -> int:
     from fl_adapters.config import RunConfig
     from fl_adapters.fedlab.runner import run_server
 
+    config = RunConfig.load(args.config)
+    require_host(config)
     run_server(
-        RunConfig.load(args.config),
+        config,
         Path(args.out),
         args.world_size,
         args.host,
@@ -185,7 +197,9 @@ def cmd_fedlab_client(args: argparse.Namespace) -> int:
     from fl_adapters.fedlab.runner import run_client
 
     resume_from = Path(args.resume_from) if args.resume_from else None
-    run_client(RunConfig.load(args.config), args.rank, args.world_size, args.host, resume_from)
+    config = RunConfig.load(args.config)
+    require_host(config)
+    run_client(config, args.rank, args.world_size, args.host, resume_from)
     return 0
 
 

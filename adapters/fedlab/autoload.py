@@ -39,10 +39,11 @@ import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fl_adapters._training import evaluate, stream_seed
+from fl_adapters.autoload import FEDLAB_AGGREGATOR_ENV, PATCHES
 
 log = logging.getLogger(__name__)
 
-ENV_AGGREGATOR = "FEDBALANCE_AGGREGATOR"
+ENV_AGGREGATOR = FEDLAB_AGGREGATOR_ENV
 ENV_ARGS = "FEDBALANCE_AGGREGATOR_ARGS"
 ENV_SEED = "FEDBALANCE_SEED"
 VAL_FRACTION = 0.1
@@ -177,46 +178,32 @@ def arm() -> None:
         package = self.__dict__.get("_fedbalance_package")
         return package if package is not None else original_uplink.fget(self)
 
-    _armed.update(
-        aggregator=name,
-        args=args,
-        originals={
-            "global_update": SyncServerHandler.global_update,
-            "serial_local_process": SGDSerialClientTrainer.local_process,
-            "client_local_process": SGDClientTrainer.local_process,
-            "client_uplink": original_uplink,
-        },
-    )
-
     def refuse_single_client(self: Any, payload: list[torch.Tensor], id: int) -> None:
         raise RuntimeError(
             f"{ENV_AGGREGATOR}={name} trains mediator chains: use SGDSerialClientTrainer in "
             "FedLab's standalone pipeline (one client per process cannot chain)"
         )
 
-    _armed["originals"]["load"] = SyncServerHandler.load
-    SyncServerHandler.global_update = global_update
-    SGDSerialClientTrainer.local_process = (
-        astraea_local_process if mediated else serial_local_process
+    patches = PATCHES["fedlab"]
+    patches.set(SyncServerHandler, "global_update", global_update)
+    patches.set(
+        SGDSerialClientTrainer,
+        "local_process",
+        astraea_local_process if mediated else serial_local_process,
     )
-    SGDClientTrainer.local_process = refuse_single_client if mediated else client_local_process
-    SGDClientTrainer.uplink_package = property(client_uplink)
+    patches.set(
+        SGDClientTrainer,
+        "local_process",
+        refuse_single_client if mediated else client_local_process,
+    )
+    patches.set(SGDClientTrainer, "uplink_package", property(client_uplink))
     if mediated:
-        SyncServerHandler.load = astraea_load
+        patches.set(SyncServerHandler, "load", astraea_load)
+    _armed.update(aggregator=name, args=args)
     log.info("fedbalance: FedLab armed with aggregator %r %s", name, args or "")
 
 
 def disarm() -> None:
     """Undo :func:`arm` (for tests and notebooks that switch back to stock FedLab)."""
-    if not _armed:
-        return
-    from fedlab.contrib.algorithm.basic_client import SGDClientTrainer, SGDSerialClientTrainer
-    from fedlab.contrib.algorithm.basic_server import SyncServerHandler
-
-    o = _armed["originals"]
-    SyncServerHandler.global_update = o["global_update"]
-    SGDSerialClientTrainer.local_process = o["serial_local_process"]
-    SGDClientTrainer.local_process = o["client_local_process"]
-    SGDClientTrainer.uplink_package = o["client_uplink"]
-    SyncServerHandler.load = o["load"]
+    PATCHES["fedlab"].undo()
     _armed.clear()

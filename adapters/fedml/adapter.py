@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from fl_adapters._training import evaluate, stream_seed
+from fl_adapters.autoload import PATCHES
 from fl_adapters.fedml.payload import attach, strip
 from fl_aggregators import Aggregator, ClientUpdate
 
@@ -229,10 +230,8 @@ def check_world_size(args: Any, mode: tuple[str, str]) -> None:
         )
 
 
-def _wrap(cls: Any, method: str, host: str, replacement: Any) -> None:
-    original = getattr(cls, method)
-    if getattr(original, "_fedbalance", False):
-        return
+def _wrapper(original: Any, host: str, replacement: Any) -> Any:
+    """``original`` unless ``self.args`` names a fedbalance aggregator, then ``replacement``."""
 
     @functools.wraps(original)
     def wrapper(self: Any, *a: Any, **kw: Any) -> Any:
@@ -241,7 +240,7 @@ def _wrap(cls: Any, method: str, host: str, replacement: Any) -> None:
         return replacement(self, original, *a, **kw)
 
     wrapper._fedbalance = True  # type: ignore[attr-defined]
-    setattr(cls, method, wrapper)
+    return wrapper
 
 
 def _sp_client_train(self: Any, original: Any, w_global: Any) -> Any:
@@ -469,18 +468,24 @@ TARGETS = (
 
 
 def arm() -> None:
-    """Wrap FedML's aggregation points and client training (called right after ``import fedml``)."""
+    """Wrap FedML's aggregation points and client training (called right after ``import fedml``).
+
+    Every target is looked up before the first patch, so a FedML whose modules or methods have
+    moved raises here with nothing patched (the autoload then leaves FedML stock).
+    """
     import fedml
     from fedml.runner import FedMLRunner
 
     from fl_adapters.fedml import partition
 
-    for module, cls_name, method, host, replacement in TARGETS:
-        _wrap(getattr(importlib.import_module(module), cls_name), method, host, replacement)
-    partition.arm()
     if getattr(fedml.init, "_fedbalance", False):
         return
+    targets = []
+    for module, cls_name, method, host, replacement in TARGETS:
+        cls = getattr(importlib.import_module(module), cls_name)
+        targets.append((cls, method, _wrapper(getattr(cls, method), host, replacement)))
     original_init = fedml.init
+    original_runner = FedMLRunner.__init__
 
     @functools.wraps(original_init)
     def init(*a: Any, **kw: Any) -> Any:
@@ -488,13 +493,20 @@ def arm() -> None:
         validate(args)
         return args
 
-    init._fedbalance = True  # type: ignore[attr-defined]
-    fedml.init = init
-    original_runner = FedMLRunner.__init__
-
     @functools.wraps(original_runner)
     def runner_init(self: Any, args: Any, *a: Any, **kw: Any) -> None:
         validate(args)  # before FedML's __init__: the MPI modes train inside it
         original_runner(self, args, *a, **kw)
 
-    FedMLRunner.__init__ = runner_init
+    init._fedbalance = True  # type: ignore[attr-defined]
+    patches = PATCHES["fedml"]
+    for cls, method, wrapper in targets:
+        patches.set(cls, method, wrapper)
+    partition.arm(patches)
+    patches.set(fedml, "init", init)
+    patches.set(FedMLRunner, "__init__", runner_init)
+
+
+def disarm() -> None:
+    """Undo :func:`arm` (stock FedML again in this process)."""
+    PATCHES["fedml"].undo()

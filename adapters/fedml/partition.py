@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from fl_adapters.autoload import Patches
+
 log = logging.getLogger(__name__)
 
 FEDML_METHODS = ("homo", "hetero", "hetero-fix")
@@ -50,7 +52,7 @@ def fedbalance_map(y_train: Any, num_clients: int, method: str, args: Any) -> di
     return dict(enumerate(part.client_indices))
 
 
-def _wrap_partition_data(module: Any) -> None:
+def _wrap_partition_data(module: Any, patches: Patches) -> None:
     original = getattr(module, "partition_data", None)
     if original is None or getattr(original, "_fedbalance", False):
         return
@@ -72,16 +74,16 @@ def _wrap_partition_data(module: Any) -> None:
         return tuple(out)
 
     partition_data._fedbalance = True  # type: ignore[attr-defined]
-    module.partition_data = partition_data
+    patches.set(module, "partition_data", partition_data)
 
 
-def arm() -> None:
+def arm(patches: Patches) -> None:
     """Wrap FedML's loaders' ``partition_data`` and remember the args of ``fedml.data.load``."""
     import fedml.data
 
     for name in MODULES:
         try:
-            _wrap_partition_data(importlib.import_module(name))
+            _wrap_partition_data(importlib.import_module(name), patches)
         except ImportError as e:  # a loader FedML could not import (optional dependency)
             log.debug("fedbalance: FedML loader %s not patched: %s", name, e)
     original = fedml.data.load
@@ -97,4 +99,4 @@ def arm() -> None:
             CURRENT.pop("args", None)
 
     load._fedbalance = True  # type: ignore[attr-defined]
-    fedml.data.load = load
+    patches.set(fedml.data, "load", load)
