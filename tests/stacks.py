@@ -1,0 +1,133 @@
+"""Fresh virtual environments shaped like users' FL stacks, to install the built wheel into.
+
+Each stack is a venv with torch and torchvision plus what its host needs (FedML 0.9.6 with
+its pins, FedLab 1.3.0, or nothing: the core alone). They live in ``.venv-stacks/`` beside
+the project venv and are rebuilt when their recipe changes; fedbalance itself is uninstalled
+and installed again from the freshly built wheel on every test run.
+
+torch is not installed again per stack: its distributions (torch, torchvision and everything
+they require, ~5 GB) are hard-linked from the test environment by their ``RECORD`` files,
+which takes seconds. pip sees them as installed, exactly as in a user's environment where
+torch came first. Everything else comes from the package index (pip's cache makes that fast
+after the first time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+HOME = ROOT / ".venv-stacks"
+#: stack -> what a user of that host has installed before fedbalance
+RECIPES: dict[str, list[str]] = {
+    "core": [],
+    "fedlab": ["fedlab==1.3.0"],
+    "fedml": ["fedml==0.9.6", "setuptools<81", "numpy<2", "protobuf<4"],
+}
+SHARED = ("torch", "torchvision")
+PIP = ["-m", "pip", "--disable-pip-version-check", "-q"]
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _closure(names: tuple[str, ...]) -> list[md.Distribution]:
+    """``names`` and every distribution they require (extras and markers honoured) here."""
+    installed = {_norm(d.metadata["Name"]): d for d in md.distributions()}
+    todo: list[tuple[str, set[str]]] = [(_norm(n), set()) for n in names]
+    seen: dict[str, md.Distribution] = {}
+    done: set[tuple[str, str]] = set()
+    while todo:
+        name, extras = todo.pop()
+        if name not in installed:
+            continue
+        seen[name] = installed[name]
+        for text in installed[name].requires or []:
+            req = Requirement(text)
+            wanted = [{"extra": e} for e in extras] or [{"extra": ""}]
+            if req.marker is not None and not any(req.marker.evaluate(env) for env in wanted):
+                continue
+            key = (_norm(req.name), ",".join(sorted(req.extras)))
+            if key not in done:
+                done.add(key)
+                todo.append((key[0], set(req.extras)))
+    return list(seen.values())
+
+
+def _link_distribution(dist: md.Distribution, site: Path) -> None:
+    base = Path(str(dist.locate_file("")))
+    for f in dist.files or []:
+        src = (base / f).resolve()
+        try:
+            rel = src.relative_to(base.resolve())
+        except ValueError:  # scripts in bin/ and the like: not needed to import
+            continue
+        dst = site / rel
+        if dst.exists() or not src.is_file():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:  # another file system: copy
+            shutil.copy2(src, dst)
+
+
+def python_of(stack: str) -> Path:
+    return HOME / stack / "bin" / "python"
+
+
+def _site(venv: Path) -> Path:
+    return Path(
+        subprocess.check_output(
+            [
+                str(venv / "bin" / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            ],
+            text=True,
+        ).strip()
+    )
+
+
+def _stamp(stack: str) -> str:
+    shared = {d.metadata["Name"]: d.version for d in _closure(SHARED)}
+    text = json.dumps([RECIPES[stack], shared, sysconfig.get_python_version()], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def ensure(stack: str) -> Path:
+    """The stack's python, building the venv first if it is missing or out of date."""
+    venv = HOME / stack
+    stamp = venv / ".stack"
+    if stamp.exists() and stamp.read_text() == _stamp(stack):
+        return python_of(stack)
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    site = _site(venv)
+    for dist in _closure(SHARED):
+        _link_distribution(dist, site)
+    if RECIPES[stack]:
+        subprocess.run([str(python_of(stack)), *PIP, "install", *RECIPES[stack]], check=True)
+    stamp.write_text(_stamp(stack))
+    return python_of(stack)
+
+
+def install_wheel(stack: str, wheel: Path, extras: str = "") -> Path:
+    """Build the stack if needed, then install fedbalance from ``wheel`` (not editable)."""
+    python = ensure(stack)
+    subprocess.run([str(python), *PIP, "uninstall", "-y", "fedbalance"], check=True)
+    target = f"{wheel}[{extras}]" if extras else str(wheel)
+    subprocess.run([str(python), *PIP, "install", target], check=True)
+    return python
