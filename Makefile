@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 APT_PACKAGES := openmpi-bin libopenmpi-dev dataset-fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test test-fast lint bench-perf clean
+.PHONY: setup system-deps demo test test-fast fuzz lint bench-perf clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -47,8 +47,13 @@ test: lint
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# Exploration, not part of `make test` or CI: the property tests with random seeds and 10x
+# their examples (tests/conftest.py). Finds are kept in .hypothesis/; pin each with @example.
+fuzz: setup
+	FEDBALANCE_HYPOTHESIS=fuzz $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
 bench-perf: setup
 	$(VENV)/bin/fedbalance bench perf-partition
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-stacks runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,20 +1,79 @@
-"""Shared fixtures: isolate the plugin registry and keep torch's import warning quiet."""
+"""Shared set-up: one hypothesis run for everyone, a per-test limit that really stops a test,
+an isolated plugin registry, and torch's import warning kept quiet."""
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import is_hypothesis_test, settings
 
-# CI runs the same examples every time (a red build must be reproducible); locally hypothesis
-# explores new ones on every run.
-settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+# `make test` (and CI, and anyone) draws the same examples on every machine: derandomized,
+# no example database (a local .hypothesis/ would replay other examples), and the pinned
+# hypothesis release of the dev extra. `make fuzz` explores with random seeds and 10x the
+# examples, keeping what it finds in .hypothesis/ (pin each find with @example).
+settings.register_profile("test", derandomize=True, database=None, print_blob=True)
+settings.register_profile("fuzz", derandomize=False, print_blob=True)
+PROFILE = os.environ.get("FEDBALANCE_HYPOTHESIS", "test")
+settings.load_profile(PROFILE)
+FUZZ_SCALE = 10
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if PROFILE != "fuzz":
+        return
+    for item in items:
+        test = getattr(item, "obj", None)
+        if test is not None and is_hypothesis_test(test):
+            # A test's own @settings outrank the profile; scale them here. Internal attribute,
+            # read by hypothesis' @given wrapper; exploration only, never in `make test`.
+            own = test._hypothesis_internal_use_settings
+            test._hypothesis_internal_use_settings = settings(
+                own, max_examples=own.max_examples * FUZZ_SCALE, derandomize=False
+            )
+
+
+class TestTimeout(BaseException):
+    """A test ran past its limit. A BaseException, so hypothesis does not take it for a failing
+    example and go on shrinking (it did: pytest-timeout's own ``pytest.fail`` never stopped
+    a shrinking test)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool:
+    """pytest-timeout's limit, enforced so that it stops the test and the run goes on.
+
+    SIGALRM raises :class:`TestTimeout` in the test (``subprocess.run`` kills its child on
+    it). Should the main thread sit in C code that never returns to Python, pytest-timeout's
+    thread method ends the whole run a minute later, printing every thread's stack.
+    """
+    import pytest_timeout
+
+    def stop(signum: int, frame: Any) -> None:
+        raise TestTimeout(f"{item.nodeid} ran past its {settings.timeout:g} s limit")
+
+    backstop = threading.Timer(
+        settings.timeout + 60, pytest_timeout.timeout_timer, (item, settings)
+    )
+    backstop.daemon = True
+
+    def cancel() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        backstop.cancel()
+
+    item.cancel_timeout = cancel  # type: ignore[attr-defined]  # pytest-timeout calls it
+    signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, settings.timeout)
+    backstop.start()
+    return True
+
 
 # One intra-op thread: tests start host processes beside the test process on 2 cores, and
 # oversubscribed threads slow every one of them down.
