@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
-import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -89,6 +88,8 @@ def host_version(host: str, module: ModuleType | None = None) -> str | None:
     if isinstance(version, str):
         return version
     try:
+        import importlib.metadata  # only here: this module runs in every interpreter
+
         return importlib.metadata.version(host)
     except Exception:
         return None

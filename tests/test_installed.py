@@ -187,13 +187,18 @@ def test_fedlab_stock_script_runs_stock_and_with_the_variable(fedlab: Path, tmp_
 
 @pytest.fixture(scope="module")
 def mnist_format(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Fashion-MNIST's idx files where torchvision's ``MNIST`` looks (same format)."""
+    """The first 6,000 / 2,000 Fashion-MNIST images as idx files where torchvision's ``MNIST``
+    looks (same format; fewer samples keep FedLab's per-sample pickling short)."""
     root = tmp_path_factory.mktemp("mnist")
     raw = root / "MNIST" / "raw"
     raw.mkdir(parents=True)
     for f in FMNIST.glob("*-ubyte.gz"):
-        with gzip.open(f) as src, open(raw / f.name.removesuffix(".gz"), "wb") as dst:
-            shutil.copyfileobj(src, dst)
+        keep = 6000 if f.name.startswith("train") else 2000
+        data = gzip.decompress(f.read_bytes())
+        header = 16 if "images" in f.name else 8  # magic, count[, rows, cols]: big-endian int32
+        item = 28 * 28 if "images" in f.name else 1
+        head = data[:4] + keep.to_bytes(4, "big") + data[8:header]
+        (raw / f.name.removesuffix(".gz")).write_bytes(head + data[header : header + keep * item])
     return root
 
 

@@ -61,7 +61,7 @@ def main():
     test = torchvision.datasets.MNIST(
         args.root, train=False, download=False, transform=transforms.ToTensor()
     )
-    test_loader = DataLoader(Subset(test, range(2000)), batch_size=1024)
+    test_loader = DataLoader(Subset(test, range(min(2000, len(test)))), batch_size=1024)
     EvalPipeline(handler, trainer, test_loader).main()
     print("CHECKSUM", float(handler.model_parameters.double().sum()))
 
