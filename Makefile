@@ -9,6 +9,9 @@ PY      := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 APT_PACKAGES := openmpi-bin libopenmpi-dev dataset-fashion-mnist
 PYTEST_ARGS ?=
+# Test processes: many tests wait on the processes they start, so two workers on two cores
+# finish well before one. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: setup system-deps demo test test-fast fuzz lint bench-perf clean
 
@@ -41,7 +44,7 @@ lint: setup
 	$(PY) -m mypy
 
 test: lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Skips the slow end-to-end runs (real frameworks, real processes); CI runs everything.
 test-fast: setup

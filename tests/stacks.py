@@ -14,6 +14,7 @@ after the first time).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata as md
 import json
@@ -109,6 +110,13 @@ def _stamp(stack: str) -> str:
 
 def ensure(stack: str) -> Path:
     """The stack's python, building the venv first if it is missing or out of date."""
+    HOME.mkdir(exist_ok=True)
+    with open(HOME / f".{stack}.lock", "w") as lock:  # one builder at a time (pytest -n)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure(stack)
+
+
+def _ensure(stack: str) -> Path:
     venv = HOME / stack
     stamp = venv / ".stack"
     if stamp.exists() and stamp.read_text() == _stamp(stack):

@@ -26,7 +26,8 @@ import stacks
 import yaml
 from helpers import records
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+# One xdist worker builds the distributions and fills the stacks for the whole module.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("installed")]
 ROOT = stacks.ROOT
 HOSTS = Path(__file__).parent / "hosts"
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
