@@ -19,6 +19,9 @@ OPTIMIZERS = ("adam", "sgd")
 #: ``clients``: every client's test split, weighted by size (the thesis); ``test``: the
 #: dataset's own test set (balanced for Fashion-MNIST; what Astraea reports).
 EVAL_DATA = ("clients", "test")
+#: How FedML cross-silo's processes talk: ``mpi`` (one ``mpirun``) or FedML's ``grpc`` backend
+#: (one process per rank on 127.0.0.1, started by ``fedbalance run``).
+BACKENDS = ("mpi", "grpc")
 
 
 class RunFailed(RuntimeError):
@@ -80,6 +83,7 @@ class RunConfig:
     eval_every: int = 1
     eval_data: str = "clients"
     port: int = 29500
+    backend: str = "mpi"
 
     def __post_init__(self) -> None:
         _choice("framework", self.framework, FRAMEWORKS)
@@ -93,6 +97,11 @@ class RunConfig:
         _choice("model", self.model, MODELS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("eval_data", self.eval_data, EVAL_DATA)
+        _choice("backend", self.backend, BACKENDS)
+        if self.backend == "grpc" and self.framework != "fedml-cross-silo":
+            raise ConfigError(
+                f"backend: grpc is for framework: fedml-cross-silo; got framework: {self.framework}"
+            )
         if self.eval_data == "test" and self.framework.startswith("fedml"):
             raise ConfigError(
                 f"eval_data: test is for the FedLab frameworks; {self.framework} reports FedML's own test metrics"

@@ -48,6 +48,9 @@ HOSTS = {
     ("simulation", "sp"): "fedml-sp",
     ("simulation", "MPI"): "fedml-mpi",
     ("cross_silo", "MPI"): "fedml-cross-silo",
+    # FedML's own gRPC transport: one process per rank, started by hand or by `fedbalance run`.
+    # The same host name as over MPI: the wrappers and the records are the same.
+    ("cross_silo", "GRPC"): "fedml-cross-silo",
 }
 STATE: dict[str, Any] = {}
 
@@ -182,6 +185,10 @@ def validate(args: Any) -> None:
             f"fedbalance aggregators run in FedML modes {sorted(HOSTS)}; got training_type/backend {mode}"
         )
     check_world_size(args, mode)
+    if mode[1] == "GRPC":
+        from fl_adapters.fedml.ipconfig import check_grpc
+
+        check_grpc(args)
     if getattr(agg, "mediated", False) and HOSTS[mode] == "fedml-mpi":
         raise ValueError(
             f"aggregator {chosen[0]!r} trains through mediator chains, which fedbalance runs in "
@@ -376,6 +383,14 @@ def _silo_send_sync(
     return original(self, receive_id, with_rad(params, astraea.planner.rad), client_index, *a, **kw)
 
 
+def _silo_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
+    if str(getattr(self.args, "backend", "")) == "GRPC" and not self.has_sent_online_msg:
+        from fl_adapters.fedml.ipconfig import wait_for_server
+
+        wait_for_server(self.args)  # FedML's silo dies if its one status send finds no server
+    return original(self, msg_params)
+
+
 def _mpi_aggregate(self: Any, original: Any) -> Any:
     model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.worker_num)]
     averaged = aggregate(model_list, self.get_global_model_params())
@@ -463,6 +478,13 @@ TARGETS = (
         "send_message_sync_model_to_client",
         "fedml-cross-silo",
         _silo_send_sync,
+    ),
+    (
+        "fedml.cross_silo.client.fedml_client_master_manager",
+        "ClientMasterManager",
+        "handle_message_connection_ready",
+        "fedml-cross-silo",
+        _silo_connection_ready,
     ),
 )
 

@@ -3,10 +3,13 @@
 The host is ``fedbalance_benchmarks/fedml_example/main.py`` (a FedML script with no fedbalance
 import); fedbalance reaches it only through its YAML's ``aggregator:`` key and the autoload.
 sp runs as one process; MPI simulation under ``mpirun -np clients_per_round + 1``; cross-silo
-under ``mpirun -np worker_num + 1`` with ``worker_num = clients_per_round`` (FedML's rules).
-Outputs: ``fedml.yaml``, ``fedml.log``, ``aggregations.jsonl`` (the recorder), ``metrics.jsonl``
-(per round: clients, weights, and FedML's logged test accuracy where it logs one) and
-``summary.json``.
+under ``mpirun -np worker_num + 1`` with ``worker_num = clients_per_round`` (FedML's rules), or
+with ``backend: grpc`` over FedML's gRPC backend: one process per rank on 127.0.0.1 (``--rank 0
+--role server``, ``--rank N --role client``) with a generated ``grpc_ipconfig.csv`` on free
+ports, watched so that one dead rank stops them all.
+Outputs: ``fedml.yaml``, ``fedml.log`` (gRPC: the server's; ``fedml-rank<N>.log`` per silo),
+``aggregations.jsonl`` (the recorder), ``metrics.jsonl`` (per round: clients, weights, and
+FedML's logged test accuracy where it logs one) and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import yaml
 
 from fl_adapters.config import RunConfig, RunFailed
+from fl_adapters.processes import stop, watch
 
 MODES = {
     "fedml-sp": ("simulation", "sp"),
@@ -37,9 +41,11 @@ def example_dir() -> Path:
     return Path(fedbalance_benchmarks.__file__).resolve().parent / "fedml_example"
 
 
-def fedml_config(config: RunConfig) -> dict[str, Any]:
-    """The FedML YAML (as a dict) for ``config``."""
+def fedml_config(config: RunConfig, ipconfig: Path | None = None) -> dict[str, Any]:
+    """The FedML YAML (as a dict) for ``config`` (``ipconfig``: the gRPC ranks' file)."""
     training_type, backend = MODES[config.framework]
+    if config.backend == "grpc":
+        backend = "GRPC"
     common: dict[str, Any] = {
         "training_type": training_type,
         "random_seed": config.seed,
@@ -48,7 +54,7 @@ def fedml_config(config: RunConfig) -> dict[str, Any]:
     if training_type == "cross_silo":
         common["scenario"] = "horizontal"
     device: dict[str, Any] = {"using_gpu": False, "gpu_id": 0}
-    if backend == "MPI":
+    if backend in ("MPI", "GRPC"):
         device.update(worker_num=config.clients_per_round, gpu_mapping_key="mapping_default")
     doc: dict[str, Any] = {
         "common_args": common,
@@ -75,7 +81,9 @@ def fedml_config(config: RunConfig) -> dict[str, Any]:
         },
         "validation_args": {"frequency_of_the_test": config.eval_every},
         "device_args": device,
-        "comm_args": {"backend": backend} | ({"is_mobile": 0} if backend == "MPI" else {}),
+        "comm_args": {"backend": backend}
+        | ({"is_mobile": 0} if backend == "MPI" else {})
+        | ({"grpc_ipconfig_path": str(ipconfig)} if backend == "GRPC" else {}),
         "tracking_args": {"enable_tracking": False, "enable_wandb": False},
     }
     if config.max_samples is not None:
@@ -111,10 +119,21 @@ def run_fedml(config: RunConfig, out_dir: Path, timeout: float = 3600) -> dict[s
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = out_dir / "fedml.yaml"
-    cfg_path.write_text(yaml.safe_dump(fedml_config(config), sort_keys=False))
+    grpc = config.backend == "grpc"
+    ipconfig = out_dir / "grpc_ipconfig.csv"
+    if grpc:
+        from fl_adapters.fedml.ipconfig import free_ports, write_ipconfig
+
+        write_ipconfig(ipconfig, free_ports(config.clients_per_round + 1))
+    cfg_path.write_text(
+        yaml.safe_dump(fedml_config(config, ipconfig if grpc else None), sort_keys=False)
+    )
     record = out_dir / "aggregations.jsonl"
     record.unlink(missing_ok=True)
     env = {**os.environ, "FEDBALANCE_RECORD": str(record)}
+    if grpc:
+        run_grpc(config, out_dir, cfg_path, env, timeout)
+        return collect(config, out_dir)
     with open(out_dir / "fedml.log", "w") as log:
         try:
             proc = subprocess.run(
@@ -130,7 +149,60 @@ def run_fedml(config: RunConfig, out_dir: Path, timeout: float = 3600) -> dict[s
                 f"FedML run did not finish within {timeout:.0f} s; see {out_dir}/fedml.log"
             ) from e
     if proc.returncode != 0:
-        raise RunFailed(f"FedML exited with code {proc.returncode}; see {out_dir}/fedml.log")
+        raise RunFailed(
+            f"FedML exited with code {proc.returncode} after {progress(config, record)}; "
+            f"see {out_dir}/fedml.log"
+        )
+    return collect(config, out_dir)
+
+
+def progress(config: RunConfig, record: Path) -> str:
+    """``round 3 of 10`` (the last aggregation in the recorder) or ``no completed round``."""
+    rounds = (
+        [json.loads(x)["round"] for x in record.read_text().splitlines()] if record.exists() else []
+    )
+    return f"round {rounds[-1]} of {config.rounds}" if rounds else "no completed round"
+
+
+def run_grpc(
+    config: RunConfig, out_dir: Path, cfg_path: Path, env: dict[str, str], timeout: float
+) -> None:
+    """The server and every silo as separate processes over FedML's gRPC; one dies, all stop."""
+    script = [sys.executable, str(example_dir() / "main.py"), "--cf", str(cfg_path)]
+    silos = range(1, config.clients_per_round + 1)
+    names = {r: f"silo rank {r}" for r in silos} | {0: "server (rank 0)"}
+    logs = {r: out_dir / (f"fedml-rank{r}.log" if r else "fedml.log") for r in names}
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    try:
+        # Silos first: when a silo dies, the server's error (if it has one) comes second.
+        for rank, name in names.items():
+            with open(logs[rank], "w") as log:
+                proc = subprocess.Popen(
+                    [*script, "--rank", str(rank), "--role", "client" if rank else "server"],
+                    cwd=out_dir,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own group: stopping it stops its children
+                )
+            procs.append((name, proc))
+    except BaseException:
+        for _, proc in procs:
+            stop(proc)
+        raise
+    failed = watch(procs, timeout)
+    if failed is not None:
+        dead = next((r for r, name in names.items() if failed.startswith(name + " ")), 0)
+        raise RunFailed(
+            f"FedML cross-silo over gRPC: {failed} after "
+            f"{progress(config, out_dir / 'aggregations.jsonl')}; every other process was "
+            f"stopped. See {logs[dead]}"
+        )
+
+
+def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
+    """``metrics.jsonl`` and ``summary.json`` from the recorder and FedML's log."""
+    record = out_dir / "aggregations.jsonl"
     aggregations = (
         [json.loads(x) for x in record.read_text().splitlines()] if record.exists() else []
     )

@@ -1,0 +1,181 @@
+"""FedML 0.9.6 cross-silo over its own gRPC backend: the ``grpc_ipconfig`` file and the checks.
+
+FedML reads ``comm_args: {backend: GRPC, grpc_ipconfig_path: FILE}``, a CSV whose header is
+``eid,rank,grpc_server_ip,grpc_server_port`` with one row per rank (0 = the server, 1..N the
+silos). Each process is started on its own (``python main.py --cf CFG --rank R --role
+server|client``), binds its row's address and sends to the others' rows. FedML itself checks
+none of it: a missing silo leaves the server waiting forever, a row for a rank it never
+contacts is ignored, and gRPC binds with ``SO_REUSEPORT``, so a second server on a port that
+is already in use starts without an error and receives half the messages. :func:`check_grpc`
+(run by the adapter in ``fedml.init()``, before round 1 and before FedML binds) turns each of
+these into an error that names the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import logging
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+HEADER = ("eid", "rank", "grpc_server_ip", "grpc_server_port")
+
+
+def read_ipconfig(path: str | Path) -> dict[int, tuple[str, int]]:
+    """``{rank: (ip, port)}`` from a FedML gRPC ipconfig file; errors name the file and row."""
+    path = Path(path)
+    try:
+        with open(path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            fieldnames = list(reader.fieldnames or ())
+    except OSError as e:
+        raise ValueError(f"comm_args: grpc_ipconfig_path {path} cannot be read ({e})") from e
+    missing = [h for h in HEADER if h not in fieldnames]
+    if missing:
+        raise ValueError(
+            f"{path}: a FedML gRPC ipconfig needs the header {','.join(HEADER)} and one row per "
+            f"rank; missing column(s) {', '.join(missing)}"
+        )
+    out: dict[int, tuple[str, int]] = {}
+    for line, row in enumerate(rows, start=2):
+        try:
+            eid, rank, port = int(row["eid"]), int(row["rank"]), int(row["grpc_server_port"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path} line {line}: eid, rank and port must be integers") from e
+        if eid != rank:
+            # FedML addresses a receiver by its rank but files rows under their eid.
+            raise ValueError(f"{path} line {line}: eid ({eid}) must equal rank ({rank})")
+        if rank in out:
+            raise ValueError(f"{path} line {line}: rank {rank} is listed twice")
+        if not 0 < port < 65536:
+            raise ValueError(f"{path} line {line}: grpc_server_port must be 1..65535, got {port}")
+        out[rank] = (str(row["grpc_server_ip"]).strip(), port)
+    return out
+
+
+def write_ipconfig(path: Path, ports: list[int], ip: str = "127.0.0.1") -> Path:
+    """An ipconfig file for ranks ``0..len(ports)-1`` on ``ip`` (rank 0 = the server)."""
+    lines = [",".join(HEADER)] + [f"{r},{r},{ip},{p}" for r, p in enumerate(ports)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def free_ports(n: int, ip: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports the kernel reports free on ``ip`` right now."""
+    socks = []
+    try:
+        for _ in range(n):  # held open together, so the n ports differ
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((ip, 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_problem(ip: str, port: int) -> str | None:
+    """Why ``ip:port`` cannot be listened on here (``None``: it can).
+
+    No ``SO_REUSEPORT`` on the probe, so a gRPC server that already holds the port (gRPC sets
+    that option, and would otherwise share the port silently) counts as in use; with
+    ``SO_REUSEADDR``, as gRPC binds, a port still in TIME_WAIT from a finished run does not.
+    """
+    try:
+        family = socket.getaddrinfo(ip, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((ip, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return "is already in use (another process listens there: a run still alive?)"
+        if e.errno == errno.EADDRNOTAVAIL:
+            return "is not an address of this machine"
+        return f"cannot be bound ({e})"
+    return None
+
+
+def check_grpc(args: Any) -> None:
+    """Before round 1: the ipconfig lists ranks 0..worker_num, this rank among them, and this
+    rank's port is free. Every message names the file."""
+    path = getattr(args, "grpc_ipconfig_path", None)
+    if not path:
+        raise ValueError(
+            "FedML cross-silo over gRPC needs comm_args: grpc_ipconfig_path (a CSV with "
+            f"{','.join(HEADER)}, one row per rank, 0 = the server)"
+        )
+    ranks = read_ipconfig(path)
+    per_round = int(args.client_num_per_round)
+    workers = getattr(args, "worker_num", None)
+    if workers is None:
+        raise ValueError(
+            f"FedML cross-silo over gRPC needs device_args: worker_num (= client_num_per_round "
+            f"= {per_round}, the number of silos)"
+        )
+    workers = int(workers)
+    if workers != per_round:
+        raise ValueError(
+            f"FedML cross-silo: worker_num ({workers}) must equal client_num_per_round "
+            f"({per_round}); every silo trains every round"
+        )
+    expected = list(range(workers + 1))
+    if sorted(ranks) != expected:
+        raise ValueError(
+            f"{path} lists ranks {sorted(ranks)}, but worker_num: {workers} needs exactly "
+            f"worker_num + 1 = {workers + 1} ranks {expected} (0 = the server, one per silo)"
+        )
+    rank = int(getattr(args, "rank", 0))
+    if rank not in ranks:
+        raise ValueError(
+            f"this process has --rank {rank}, which {path} does not list (ranks {expected})"
+        )
+    role = str(getattr(args, "role", ""))
+    if (rank == 0) != (role == "server"):
+        raise ValueError(
+            f"--rank {rank} --role {role}: rank 0 is the server (--role server), every other "
+            "rank a silo (--role client)"
+        )
+    ip, port = ranks[rank]
+    problem = port_problem(ip, port)
+    if problem is not None:
+        who = "the server" if rank == 0 else f"silo rank {rank}"
+        raise ValueError(
+            f"{who}'s gRPC address {ip}:{port} (rank {rank} in {path}) {problem}; stop that "
+            f"process or give rank {rank} another grpc_server_port in {path}"
+        )
+
+
+def wait_for_server(args: Any, poll: float = 0.5) -> None:
+    """A silo's wait, before its first message, until the server's gRPC port accepts connections.
+
+    FedML's silo sends its status once, when its own gRPC server is up; if the server is not
+    listening yet, the send raises and the silo dies, while the server asks each silo once at
+    its own start and then waits forever. Waiting here lets silos start before the server, as
+    they do on separate machines. Up to ``grpc_server_wait`` seconds (default 600).
+    """
+    path = args.grpc_ipconfig_path
+    ip, port = read_ipconfig(path)[0]
+    limit = float(getattr(args, "grpc_server_wait", 600) or 600)
+    deadline = time.monotonic() + limit
+    logged = False
+    while True:
+        try:
+            with socket.create_connection((ip, port), timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"silo rank {getattr(args, 'rank', '?')}: the server (rank 0 in {path}, "
+                    f"{ip}:{port}) did not accept connections within {limit:.0f} s; start it "
+                    "with --rank 0 --role server, or check its address in the file"
+                ) from None
+            if not logged:
+                log.info("fedbalance: waiting for the FedML server at %s:%d (%s)", ip, port, path)
+                logged = True
+            time.sleep(poll)

@@ -1,0 +1,70 @@
+"""Watching the processes of one run: stop them all as soon as one fails (host-free).
+
+A run over several processes (FedLab's cross-process ranks, FedML's gRPC server and silos)
+must not be left half alive: the survivors of a dead rank wait for it forever. :func:`watch`
+polls every process, and on the first failure or the deadline stops the rest; the caller
+words the error (what was lost, how to go on), since only it knows its host's progress.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+
+def exit_reason(code: int) -> str:
+    """``exited with code 3`` / ``was killed by signal 9 (SIGKILL)``."""
+    if code < 0:
+        try:
+            name = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            name = ""
+        return f"was killed by signal {-code}{name}"
+    return f"exited with code {code}"
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill ``proc`` (and its process group when it leads one) and reap it."""
+    if proc.poll() is not None:
+        return
+    try:
+        if os.getpgid(proc.pid) == proc.pid:  # started with start_new_session=True
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def watch(
+    procs: list[tuple[str, subprocess.Popen[bytes]]], timeout: float, poll: float = 0.2
+) -> str | None:
+    """Wait until every named process has ended; ``None`` if all exited with 0.
+
+    As soon as one fails (or ``timeout`` seconds pass) the others are killed and the failure
+    is returned, e.g. ``"silo rank 2 was killed by signal 9 (SIGKILL)"``: the first process
+    in ``procs`` order that failed, so list the one whose death explains the others first.
+    """
+    deadline = time.monotonic() + timeout
+    failed: str | None = None
+    try:
+        while [p.poll() for _, p in procs].count(None):  # poll every process, every time
+            bad = [(name, p.returncode) for name, p in procs if p.returncode not in (None, 0)]
+            if bad:
+                failed = f"{bad[0][0]} {exit_reason(bad[0][1])}"
+                break
+            if time.monotonic() > deadline:
+                failed = f"the run did not finish within {timeout:.0f} s"
+                break
+            time.sleep(poll)
+    finally:
+        for _, p in procs:
+            stop(p)
+    if failed is None:
+        bad = [(name, p.returncode) for name, p in procs if p.returncode != 0]
+        if bad:
+            failed = f"{bad[0][0]} {exit_reason(bad[0][1])}"
+    return failed

@@ -1,0 +1,337 @@
+"""FedML 0.9.6 cross-silo over FedML's own gRPC backend, with real separate processes on
+127.0.0.1: the server (``--rank 0 --role server``) and each silo (``--rank N --role client``)
+started as FedML's docs launch them, no mpirun.
+
+The host is ``benchmarks/fedml_example/main.py`` (no fedbalance import); only its YAML and the
+ipconfig file change. Sizes are the other FedML tests' (2,000 Fashion-MNIST samples, 2 rounds).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from helpers import records
+from test_fedml import EXAMPLE, MPIRUN, check_fedloss_records, config, final_test_metrics
+
+pytest.importorskip("fedml")
+pytest.importorskip("grpc")
+
+from fl_adapters.config import ConfigError, RunConfig, RunFailed  # noqa: E402
+from fl_adapters.fedml.ipconfig import check_grpc, free_ports, write_ipconfig  # noqa: E402
+
+FINAL_MODEL_HOST = Path(__file__).parent / "hosts" / "fedml_final_model.py"
+
+
+def grpc_config(tmp_path: Path, ranks: int = 3, **train_args: object) -> Path:
+    """The example's gRPC cross-silo YAML with its own ipconfig on free 127.0.0.1 ports."""
+    path = config(tmp_path, "cross_silo_grpc.yaml", **train_args)
+    doc = yaml.safe_load(path.read_text())
+    ipconfig = write_ipconfig(tmp_path / "grpc_ipconfig.csv", free_ports(ranks))
+    doc["comm_args"]["grpc_ipconfig_path"] = str(ipconfig)
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test starts; whatever is still alive at its end is killed."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def launch(
+    procs: list[subprocess.Popen[str]],
+    tmp_path: Path,
+    cfg: Path,
+    ranks: list[int],
+    script: Path = EXAMPLE / "main.py",
+    **env: str,
+) -> dict[int, subprocess.Popen[str]]:
+    """Each rank as its own process, silos before the server (FedML's silo waits for it)."""
+    out = {}
+    for rank in sorted(ranks, reverse=True):
+        log = open(tmp_path / f"rank{rank}.log", "w")  # noqa: SIM115 (closed with the process)
+        role = "server" if rank == 0 else "client"
+        p = subprocess.Popen(
+            [sys.executable, str(script), "--cf", str(cfg), "--rank", str(rank), "--role", role],
+            cwd=tmp_path,
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        log.close()
+        procs.append(p)
+        out[rank] = p
+    return out
+
+
+def finish(procs: dict[int, subprocess.Popen[str]], tmp_path: Path, timeout: float = 300) -> str:
+    """Wait for every rank; fail with the logs if one did not exit with 0. Returns the logs."""
+    deadline = time.monotonic() + timeout
+    for p in procs.values():
+        p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    logs = {r: (tmp_path / f"rank{r}.log").read_text() for r in procs}
+    codes = {r: p.returncode for r, p in procs.items()}
+    assert not any(codes.values()), (codes, {r: t[-2000:] for r, t in logs.items()})
+    return logs[0]
+
+
+@pytest.mark.slow
+def test_grpc_cross_silo_aggregates_with_fedloss(tmp_path: Path, started: list) -> None:
+    rec = tmp_path / "rec.jsonl"
+    procs = launch(started, tmp_path, grpc_config(tmp_path), [0, 1, 2], FEDBALANCE_RECORD=str(rec))
+    server_log = finish(procs, tmp_path)
+    check_fedloss_records(records(rec), "fedml-cross-silo", rounds=2)
+    assert len(final_test_metrics(server_log)) == 2  # FedML's server tested after each round
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed")
+def test_grpc_astraea_matches_the_mpi_cross_silo_run(tmp_path: Path, started: list) -> None:
+    import torch
+
+    train_args: dict[str, Any] = dict(aggregator="astraea", aggregator_args={"gamma": 2})
+    grpc_dir, mpi_dir = tmp_path / "grpc", tmp_path / "mpi"
+    grpc_dir.mkdir()
+    mpi_dir.mkdir()
+    procs = launch(
+        started,
+        grpc_dir,
+        grpc_config(grpc_dir, **train_args),
+        [0, 1, 2],
+        FINAL_MODEL_HOST,
+        FEDBALANCE_RECORD=str(grpc_dir / "rec.jsonl"),
+        FINAL_MODEL=str(grpc_dir / "final.pt"),
+    )
+    finish(procs, grpc_dir)
+    env = {
+        "FEDBALANCE_RECORD": str(mpi_dir / "rec.jsonl"),
+        "FINAL_MODEL": str(mpi_dir / "final.pt"),
+    }
+    cmd = [sys.executable, str(FINAL_MODEL_HOST), "--cf"]
+    out = subprocess.run(
+        [*MPIRUN, "-np", "3", "-x", "FEDBALANCE_RECORD", "-x", "FINAL_MODEL", *cmd]
+        + [str(config(mpi_dir, "cross_silo.yaml", **train_args))],
+        cwd=mpi_dir,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    over_grpc, over_mpi = records(grpc_dir / "rec.jsonl"), records(mpi_dir / "rec.jsonl")
+    assert [r["round"] for r in over_grpc] == [1, 2]
+    for r in over_grpc:
+        assert r["host"] == "fedml-cross-silo" and r["aggregator"] == "astraea"
+        assert len(r["mediators"]) == 1 and len(r["mediators"][0]) == 2  # 2 silos, gamma 2
+    # Same plan, mediators, KL, weights, samples and relayed bytes as over MPI...
+    assert over_grpc == over_mpi
+    # ... and the same final global model: the transport changes nothing in the training.
+    got, want = torch.load(grpc_dir / "final.pt"), torch.load(mpi_dir / "final.pt")
+    assert list(got) == list(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+def fedbalance_run_config(tmp_path: Path, **extra: object) -> Path:
+    cfg = tmp_path / "run.yaml"
+    doc = {
+        "framework": "fedml-cross-silo",
+        "backend": "grpc",
+        "dataset": "fmnist",
+        "max_samples": 2000,
+        "partition": {"name": "mixed"},
+        "aggregator": "fedloss",
+        "num_clients": 6,
+        "clients_per_round": 2,
+        "rounds": 2,
+        "local_epochs": 1,
+    } | extra
+    cfg.write_text(yaml.safe_dump(doc))
+    return cfg
+
+
+@pytest.mark.slow
+def test_fedbalance_run_launches_grpc_cross_silo_as_separate_processes(tmp_path: Path) -> None:
+    from fl_adapters.cli import main
+
+    out = tmp_path / "out"
+    assert main(["run", str(fedbalance_run_config(tmp_path)), "--out", str(out)]) == 0
+    fedml_cfg = yaml.safe_load((out / "fedml.yaml").read_text())
+    assert fedml_cfg["comm_args"]["backend"] == "GRPC"
+    assert fedml_cfg["device_args"]["worker_num"] == 2
+    ipconfig = Path(fedml_cfg["comm_args"]["grpc_ipconfig_path"]).read_text().splitlines()
+    assert ipconfig[0] == "eid,rank,grpc_server_ip,grpc_server_port"
+    assert [row.split(",")[:3] for row in ipconfig[1:]] == [
+        [str(r), str(r), "127.0.0.1"] for r in range(3)
+    ]
+    check_fedloss_records(records(out / "aggregations.jsonl"), "fedml-cross-silo", rounds=2)
+    metrics = records(out / "metrics.jsonl")
+    assert [m["round"] for m in metrics] == [1, 2]
+    assert all(0 <= m["test_accuracy"] <= 1 for m in metrics)  # from the server's log
+    assert (out / "fedml-rank1.log").exists() and (out / "fedml-rank2.log").exists()
+    summary = (out / "summary.json").read_text()
+    assert '"rounds": 2' in summary and '"backend": "grpc"' in summary
+
+
+def alive(out_dir: Path) -> list[int]:
+    """Pids of processes whose command line names this run's FedML config."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(out_dir / "fedml.yaml").encode() in cmd:
+                pids.append(int(d.name))
+    return pids
+
+
+def rank_pid(out_dir: Path, rank: int) -> int | None:
+    for pid in alive(out_dir):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--rank" in cmd and cmd[cmd.index(b"--rank") + 1] == str(rank).encode():
+            return pid
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_a_killed_silo_stops_every_process_and_names_the_rank(tmp_path: Path) -> None:
+    from fl_adapters.fedml.runner import run_fedml
+
+    out = tmp_path / "out"
+    config = RunConfig.load(fedbalance_run_config(tmp_path, rounds=50, max_samples=1000))
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            run_fedml(config, out, timeout=300)
+        except Exception as e:  # noqa: BLE001 (handed to the test thread)
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    record = out / "aggregations.jsonl"
+    deadline = time.monotonic() + 240
+    while not (record.exists() and record.read_text().strip()):  # round 1 is done
+        assert thread.is_alive() and time.monotonic() < deadline, result
+        time.sleep(0.2)
+    pid = rank_pid(out, 2)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the launcher did not return within 60 s of the kill"
+    assert time.monotonic() - killed < 60
+    assert alive(out) == []  # the server and the other silo are gone too
+    error = result["error"]
+    assert isinstance(error, RunFailed)
+    message = str(error)
+    assert "silo rank 2 was killed by signal 9 (SIGKILL)" in message, message
+    done = len(records(record))
+    assert f"after round {done} of 50" in message and done >= 1, message
+    assert str(out / "fedml-rank2.log") in message
+
+
+@pytest.mark.slow
+def test_a_port_in_use_stops_the_server_before_round_1(tmp_path: Path, started: list) -> None:
+    cfg = grpc_config(tmp_path)
+    ipconfig = tmp_path / "grpc_ipconfig.csv"
+    port = int(ipconfig.read_text().splitlines()[1].split(",")[3])
+    with socket.socket() as holder:  # another program listening on the server's port
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        start = time.monotonic()
+        procs = launch(started, tmp_path, cfg, [0])
+        procs[0].wait(timeout=120)
+    log = (tmp_path / "rank0.log").read_text()
+    assert procs[0].returncode != 0
+    assert (
+        f"the server's gRPC address 127.0.0.1:{port} (rank 0 in {ipconfig}) is already in use"
+        in log
+    ), log[-3000:]
+    assert "Started gRPC server" not in log and "Communication round" not in log
+    assert time.monotonic() - start < 120
+
+
+# -- fast checks of the ipconfig rules (no processes) ------------------------------------------
+def grpc_args(tmp_path: Path, ranks: int, **extra: object) -> SimpleNamespace:
+    path = write_ipconfig(tmp_path / "ip.csv", free_ports(ranks))
+    fields: dict[str, Any] = dict(
+        grpc_ipconfig_path=str(path),
+        client_num_per_round=2,
+        worker_num=2,
+        rank=0,
+        role="server",
+    )
+    return SimpleNamespace(**(fields | extra))
+
+
+@pytest.mark.parametrize(
+    ("ranks", "extra", "message"),
+    [
+        (2, {}, "lists ranks [0, 1], but worker_num: 2 needs exactly worker_num + 1 = 3 ranks"),
+        (4, {}, "lists ranks [0, 1, 2, 3], but worker_num: 2 needs exactly worker_num + 1 = 3"),
+        (3, {"rank": 5, "role": "client"}, "this process has --rank 5, which"),
+        (3, {"rank": 1, "role": "server"}, "--rank 1 --role server: rank 0 is the server"),
+        (3, {"worker_num": 3}, "worker_num (3) must equal client_num_per_round (2)"),
+        (3, {"grpc_ipconfig_path": "/nonexistent/ip.csv"}, "/nonexistent/ip.csv cannot be read"),
+    ],
+    ids=["too-few-ranks", "too-many-ranks", "rank-not-listed", "role", "worker-num", "no-file"],
+)
+def test_ipconfig_mismatches_are_clear_errors(
+    tmp_path: Path, ranks: int, extra: dict[str, object], message: str
+) -> None:
+    args = grpc_args(tmp_path, ranks, **extra)
+    with pytest.raises(ValueError) as info:
+        check_grpc(args)
+    assert message in str(info.value)
+
+
+def test_ipconfig_header_and_rows_are_checked(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("rank,ip,port\n0,127.0.0.1,1\n")
+    with pytest.raises(ValueError, match="needs the header eid,rank,grpc_server_ip"):
+        check_grpc(grpc_args(tmp_path, 3, grpc_ipconfig_path=str(bad)))
+    bad.write_text("eid,rank,grpc_server_ip,grpc_server_port\n0,0,127.0.0.1,1\n1,2,127.0.0.1,2\n")
+    with pytest.raises(ValueError, match=r"line 3: eid \(1\) must equal rank \(2\)"):
+        check_grpc(grpc_args(tmp_path, 3, grpc_ipconfig_path=str(bad)))
+
+
+def test_validate_accepts_grpc_cross_silo(tmp_path: Path) -> None:
+    from fl_adapters.fedml.adapter import HOSTS, validate
+
+    args = grpc_args(tmp_path, 3, aggregator="fedloss", training_type="cross_silo", backend="GRPC")
+    validate(args)  # no error: a free port, ranks 0..2
+    assert HOSTS[("cross_silo", "GRPC")] == "fedml-cross-silo"
+
+
+def test_backend_is_validated_with_the_allowed_values() -> None:
+    with pytest.raises(ConfigError, match=r"backend must be one of mpi, grpc; got 'GRPC'"):
+        RunConfig(framework="fedml-cross-silo", backend="GRPC")
+    with pytest.raises(ConfigError, match="backend: grpc is for framework: fedml-cross-silo"):
+        RunConfig(framework="fedml-mpi", backend="grpc")
+    assert RunConfig(framework="fedml-cross-silo").backend == "mpi"
