@@ -15,6 +15,8 @@ aggregation record.
 The two strategies can run alone: ``augment=False`` is mediators only, ``mediators=False``
 is augmentation with plain FedAvg (each client its own mediator). ``count_clip`` bounds what one
 client's reported label counts can do to the plan (see :mod:`fl_aggregators.astraea_plan`).
+Upper limits keep a round's work bounded: ``mediator_epochs`` at most 100, ``tau_d`` in
+[0.01, 100], a finite ``count_clip`` at most 1000.
 """
 
 from __future__ import annotations
@@ -25,11 +27,17 @@ from typing import Any, ClassVar
 from fl_aggregators.astraea_plan import check_count_clip, check_tau_d
 from fl_aggregators.fedavg import FedAvg
 
+#: Largest ``mediator_epochs``: every pass trains each member again, so the round's work
+#: grows with it (the paper passes once).
+MAX_MEDIATOR_EPOCHS = 100
 
-def _positive_int(name: str, value: Any, meaning: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1 ({meaning}), got {value!r}")
-    return value
+
+def _positive_int(name: str, value: Any, meaning: str, high: int | None = None) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    if not ok or (high is not None and value > high):
+        allowed = ">= 1" if high is None else f"in [1, {high}]"
+        raise ValueError(f"{name} must be an int {allowed} ({meaning}), got {value!r}")
+    return int(value)
 
 
 def _flag(name: str, value: Any) -> bool:
@@ -59,9 +67,13 @@ class Astraea(FedAvg):
         super().__init__(update_clip=update_clip)
         self.tau_d = check_tau_d(tau_d)
         self.count_clip = check_count_clip(count_clip)
+        # gamma needs no ceiling: a mediator never holds more than the round's clients.
         self.gamma = _positive_int("gamma", gamma, "max clients per mediator")
         self.mediator_epochs = _positive_int(
-            "mediator_epochs", mediator_epochs, "passes of a mediator over its clients per round"
+            "mediator_epochs",
+            mediator_epochs,
+            "passes of a mediator over its clients per round",
+            MAX_MEDIATOR_EPOCHS,
         )
         self.augment = _flag("augment", augment)
         self.mediators = _flag("mediators", mediators)

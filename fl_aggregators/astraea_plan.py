@@ -31,10 +31,11 @@ so with ``n`` clients one liar adds at most ``count_clip / (n - 1)`` of a class'
 bound. Honest clients are rarely touched: on the Astraea benchmark's partitions (100 clients,
 letters profile, label Dirichlet 0.5) no cell reaches 20x, and the plans are identical;
 where one does, only the plan sees the lower count (data and mediators are untouched).
-``count_clip=None`` sums the reports as the paper does.
+``count_clip=None`` sums the reports as the paper does; a finite ``count_clip`` is at most 1000.
 
 What the paper leaves open, and what we chose: ``tau_d`` defaults to 3.5 (the paper
-recommends 3.0-3.5); KL uses the natural log; a client with no samples is placed last.
+recommends 3.0-3.5) and must lie in [0.01, 100]; KL uses the natural log; a client with no
+samples is placed last.
 """
 
 from __future__ import annotations
@@ -97,15 +98,26 @@ def check_counts(counts: Any, name: str = "class counts") -> NDArray[np.float64]
     return arr
 
 
+#: ``tau_d`` range. Class z-scores satisfy ``|z| <= sqrt(C - 1)``, under 100 for up to 10^4
+#: classes, so outside it one of the thresholds ``tau_d`` / ``-1 / tau_d`` can never be reached
+#: (and a subnormal ``tau_d`` makes ``-1 / tau_d`` overflow to ``-inf`` in the record).
+TAU_D_RANGE = (0.01, 100.0)
+#: Largest finite ``count_clip``: one liar then adds at most ``1000 / (n - 1)`` of a class's
+#: honest total, which bounds the augmentation it can cause (``None`` trusts the reports).
+MAX_COUNT_CLIP = 1000.0
+
+
 def check_tau_d(tau_d: float) -> float:
+    low, high = TAU_D_RANGE
     if (
         isinstance(tau_d, bool)
         or not isinstance(tau_d, (int, float))
         or not math.isfinite(tau_d)
-        or tau_d <= 0
+        or not low <= tau_d <= high
     ):
         raise ValueError(
-            f"tau_d must be a finite float > 0 (the paper recommends 3.0-3.5), got {tau_d!r}"
+            f"tau_d must be a float in [{low:g}, {high:g}] (the paper recommends 3.0-3.5), "
+            f"got {tau_d!r}"
         )
     return float(tau_d)
 
@@ -114,8 +126,10 @@ def check_count_clip(value: Any) -> float | None:
     if value is None:
         return None
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 1:
-        raise ValueError(f"count_clip must be None or a finite float >= 1, got {value!r}")
+    if not ok or not math.isfinite(value) or not 1 <= value <= MAX_COUNT_CLIP:
+        raise ValueError(
+            f"count_clip must be None or a float in [1, {MAX_COUNT_CLIP:g}], got {value!r}"
+        )
     return float(value)
 
 
