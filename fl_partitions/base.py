@@ -24,27 +24,38 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fl_partitions._alloc import group_order
-from fl_partitions._rng import SeedLike, as_generator, check_fractions, check_positive_int, seed_int
+from fl_partitions._limits import MAX_CELLS, MAX_CLASSES, MAX_CLIENTS, check_int_range
+from fl_partitions._rng import SeedLike, as_generator, check_fractions, seed_int
 from fl_partitions.partition import DEFAULT_SPLIT, Partition
 
 IntArray = NDArray[np.int64]
+#: The kinds of partitioner, in the order ``partition`` applies them.
+KINDS = ("resample", "split", "noise")
 
 
 def validate_labels(labels: NDArray[Any] | Sequence[int]) -> tuple[IntArray, int]:
-    """Return labels as a 1-d int64 array and the number of classes (max label + 1)."""
+    """Return labels as a 1-d int64 array and the number of classes (max label + 1).
+
+    Class ids must lie in ``[0, MAX_CLASSES)``: every per-class step is bounded by it.
+    """
     arr = np.asarray(labels)
     if arr.ndim != 1:
         raise ValueError(f"labels must be a 1-d array of class ids, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError("labels must not be empty")
-    if not np.issubdtype(arr.dtype, np.integer):
-        if np.issubdtype(arr.dtype, np.floating) and np.all(np.mod(arr, 1) == 0):
-            arr = arr.astype(np.int64)
-        else:
-            raise ValueError(f"labels must be integer class ids, got dtype {arr.dtype}")
-    if arr.min() < 0:
-        raise ValueError(f"labels must be non-negative class ids, got minimum {arr.min()}")
-    return arr.astype(np.int64, copy=False), int(arr.max()) + 1
+    if not np.issubdtype(arr.dtype, np.integer) and not (
+        np.issubdtype(arr.dtype, np.floating) and np.all(np.mod(arr, 1) == 0)
+    ):
+        raise ValueError(f"labels must be integer class ids, got dtype {arr.dtype}")
+    low, high = arr.min(), arr.max()
+    if low < 0:
+        raise ValueError(f"labels must be non-negative class ids, got minimum {low}")
+    if high >= MAX_CLASSES:  # checked before the cast: a float 1e300 must not wrap around
+        raise ValueError(
+            f"labels must be class ids in [0, {MAX_CLASSES}) (at most {MAX_CLASSES} classes), "
+            f"got a maximum of {high}"
+        )
+    return arr.astype(np.int64, copy=False), int(high) + 1
 
 
 class Partitioner(ABC):
@@ -109,28 +120,34 @@ class Partitioner(ABC):
         Parameters
         ----------
         labels : array of int
-            Class id of every sample of the dataset.
+            Class id of every sample of the dataset, in ``[0, 10000)``.
         num_clients : int
-            Number of clients, at most the number of samples.
+            Number of clients, in ``[1, 10000]`` and at most the number of samples;
+            ``num_clients x num_classes`` at most ``10^7``.
         seed : int or numpy.random.Generator
             Every random choice derives from it: same seed, same partition.
         split : three fractions
             Each client's local train / validation / test split (default 70/10/20, the
             FedLoss thesis's setting).
         num_classes : int, optional
-            Number of classes when some classes are absent from ``labels``.
+            Number of classes when some classes are absent from ``labels`` (at most 10000).
 
         Returns
         -------
         Partition
         """
         labels_arr, found_classes = validate_labels(labels)
-        num_clients = check_positive_int("num_clients", num_clients)
+        num_clients = check_int_range("num_clients", num_clients, 1, MAX_CLIENTS)
         if num_classes is None:
             num_classes = found_classes
-        elif check_positive_int("num_classes", num_classes) < found_classes:
+        elif check_int_range("num_classes", num_classes, 1, MAX_CLASSES) < found_classes:
             raise ValueError(
                 f"num_classes must cover every label (>= {found_classes}), got {num_classes}"
+            )
+        if num_clients * num_classes > MAX_CELLS:
+            raise ValueError(
+                f"num_clients x num_classes must be at most {MAX_CELLS:,} (the partition's "
+                f"count matrix), got {num_clients} x {num_classes}; lower num_clients"
             )
         fractions = check_fractions("split", split, 3)
         rng = as_generator(seed)

@@ -30,6 +30,26 @@ BUILTIN_PARTITIONERS: tuple[type[Partitioner], ...] = (
 )
 
 
+def partitioner_class(
+    spec: dict[str, Any] | str,
+    lookup: Callable[[str], type[Partitioner]] | None = None,
+) -> type[Partitioner]:
+    """The class a spec names, without building it (so nesting can be refused first)."""
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"a partitioner spec must be a mapping with a 'name', got {spec!r}")
+    if lookup is not None:
+        return lookup(spec["name"])
+    table = {cls.name: cls for cls in BUILTIN_PARTITIONERS}
+    name = spec["name"].lower()
+    if name not in table:
+        raise ValueError(
+            f"unknown partitioner {spec['name']!r}; available: {', '.join(sorted(table))}"
+        )
+    return table[name]
+
+
 def make_partitioner(
     spec: dict[str, Any] | str,
     lookup: Callable[[str], type[Partitioner]] | None = None,
@@ -40,21 +60,10 @@ def make_partitioner(
     the built-ins are known. Unknown parameters are a ``TypeError`` naming them and the
     accepted ones.
     """
+    cls = partitioner_class(spec, lookup)
     if isinstance(spec, str):
         spec = {"name": spec}
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"a partitioner spec must be a mapping with a 'name', got {spec!r}")
     params = {k: v for k, v in spec.items() if k != "name"}
-    if lookup is None:
-        table = {cls.name: cls for cls in BUILTIN_PARTITIONERS}
-        name = spec["name"].lower()
-        if name not in table:
-            raise ValueError(
-                f"unknown partitioner {spec['name']!r}; available: {', '.join(sorted(table))}"
-            )
-        cls = table[name]
-    else:
-        cls = lookup(spec["name"])
     if cls is Mixed and lookup is not None:
         params.setdefault("resolve", lambda s: make_partitioner(s, lookup))
     accepted = cls._param_names()

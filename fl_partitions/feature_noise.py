@@ -32,4 +32,8 @@ class FeatureNoise(IID):
     def noise_std(self, num_clients: int) -> NDArray[np.float64]:
         if num_clients == 1:
             return np.zeros(1)
-        return self.sigma * np.arange(num_clients) / (num_clients - 1)
+        with np.errstate(over="ignore"):
+            std = self.sigma * np.arange(num_clients) / (num_clients - 1)
+        if not np.all(np.isfinite(std)):  # sigma near the float maximum: divide first
+            std = self.sigma * (np.arange(num_clients) / (num_clients - 1))
+        return std

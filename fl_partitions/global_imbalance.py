@@ -13,8 +13,9 @@ imbalanced datasets by sampling class sizes from a profile. Profiles:
 * ``proportions``: explicit per-class proportions.
 
 The largest feasible dataset with those proportions is kept (no class is oversampled), capped
-by ``max_samples``; the kept samples are then split by ``then`` (default IID). Inside ``mixed``,
-give the split scheme as its own component instead of ``then``.
+by ``max_samples`` (any size: the cap only ever lowers the work); the kept samples are then
+split by ``then`` (default IID), a split scheme other than ``mixed``, so specs nest at most two
+deep. Inside ``mixed``, give the split scheme as its own component instead of ``then``.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fl_partitions._alloc import class_positions
+from fl_partitions._limits import MAX_CLASSES
 from fl_partitions._rng import check_positive_float, check_positive_int
 from fl_partitions.base import IntArray, Partitioner
 from fl_partitions.iid import IID
+from fl_partitions.mixed import Mixed
 
 # Relative frequency (%) of English letters in text, a..z (Lewand, "Cryptological Mathematics").
 LETTER_FREQUENCIES = (
@@ -73,10 +76,12 @@ def profile_proportions(
     """Per-class target proportions (summing to 1) of a named profile."""
     ranks = np.arange(num_classes, dtype=np.float64)
     if profile == "zipf":
-        w = np.exp(-exponent * np.log(ranks + 1.0))  # log space: a huge exponent underflows to 0
+        with np.errstate(over="ignore"):  # log space: a huge exponent underflows to 0
+            w = np.exp(-exponent * np.log(ranks + 1.0))
     elif profile == "half_normal":
         x = 3.0 * ranks / max(num_classes - 1, 1) / scale
-        w = np.exp(-0.5 * x**2)
+        with np.errstate(over="ignore"):  # a tiny scale: x**2 overflows, the weight is 0
+            w = np.exp(-0.5 * x**2)
     elif profile == "letters":
         if num_classes > len(LETTER_FREQUENCIES):
             raise ValueError(f"profile 'letters' supports at most 26 classes, got {num_classes}")
@@ -91,6 +96,32 @@ def profile_proportions(
     else:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
     return w / w.sum()
+
+
+def _split_scheme(then: Partitioner | dict[str, Any] | None) -> Partitioner | None:
+    """``then`` as a partitioner: a split scheme, not ``mixed`` (checked before building it,
+    so a spec nested thousands deep is refused at the first level, not by recursion)."""
+    if then is None:
+        return None
+    if isinstance(then, dict):
+        from fl_partitions.builtin import make_partitioner, partitioner_class
+
+        _check_then(partitioner_class(then))
+        then = make_partitioner(then)
+    if not isinstance(then, Partitioner):
+        raise TypeError(f"then must be a partitioner or a spec dict, got {then!r}")
+    _check_then(type(then))
+    return then
+
+
+def _check_then(cls: type[Partitioner]) -> None:
+    if cls.kind != "split":
+        raise ValueError(f"then must be a split scheme, got {cls.name!r} ({cls.kind})")
+    if issubclass(cls, Mixed):
+        raise ValueError(
+            "then must be a split scheme other than 'mixed': list global_imbalance as a "
+            "component of mixed instead"
+        )
 
 
 class GlobalImbalance(Partitioner):
@@ -115,6 +146,12 @@ class GlobalImbalance(Partitioner):
         self.exponent = check_positive_float("exponent", exponent, allow_zero=True)
         self.scale = check_positive_float("scale", scale)
         if proportions is not None:
+            count = len(proportions) if hasattr(proportions, "__len__") else -1
+            if isinstance(proportions, (str, bytes)) or not 1 <= count <= MAX_CLASSES:
+                raise ValueError(
+                    f"proportions must be a list of 1 to {MAX_CLASSES} numbers, one per class, "
+                    f"got {type(proportions).__name__} of length {count if count >= 0 else '?'}"
+                )
             props = [check_positive_float("proportions[]", p, allow_zero=True) for p in proportions]
             if sum(props) <= 0:
                 raise ValueError(f"proportions must have a positive sum, got {list(proportions)}")
@@ -125,15 +162,7 @@ class GlobalImbalance(Partitioner):
         self.max_samples = (
             None if max_samples is None else check_positive_int("max_samples", max_samples)
         )
-        if isinstance(then, dict):
-            from fl_partitions.builtin import make_partitioner
-
-            then = make_partitioner(then)
-        if then is not None and not isinstance(then, Partitioner):
-            raise TypeError(f"then must be a partitioner or a spec dict, got {then!r}")
-        if then is not None and then.kind != "split":
-            raise ValueError(f"then must be a split scheme, got {then.name!r} ({then.kind})")
-        self.then = then
+        self.then = _split_scheme(then)
 
     def spec(self) -> dict[str, Any]:
         out = super().spec()

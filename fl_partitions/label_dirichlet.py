@@ -9,10 +9,14 @@ step); the class's shuffled samples are cut at the cumulative proportions.
 
 Departure from NIID-Bench / FedLab: they redraw the whole partition until every client has
 ``min_size`` samples, with no bound — for 1,000 clients at beta 0.1 that loop does not end.
-We redraw at most ``max_tries`` times (so in the common case the result is distributed
-exactly like theirs) and otherwise top up the clients below ``min_size`` constructively with
-samples drawn from the other clients' surplus. A ``min_size`` that no partition can meet
-(``num_clients * min_size`` above the number of samples) is an immediate ``ValueError``.
+We redraw at most ``max_tries`` times (itself at most 1000), and stop earlier once the
+redraws have drawn about ``2^23`` Dirichlet components (see
+:func:`fl_partitions._limits.redraw_limit`; a count, not a time, so a seed gives the same
+partition everywhere): with 10 classes the default 100 tries are always allowed up to 8,000
+clients, so in the common case the result is distributed exactly like theirs. Otherwise the clients below ``min_size`` are topped up
+constructively with samples drawn from the other clients' surplus. A ``min_size`` that no
+partition can meet (``num_clients * min_size`` above the number of samples) is an immediate
+``ValueError``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from fl_partitions._alloc import assign_counts, class_positions, counts_from_proportions, top_up
+from fl_partitions._limits import MAX_TRIES, check_int_range, redraw_limit
 from fl_partitions._rng import check_positive_float, check_positive_int
 from fl_partitions.base import IntArray, Partitioner
 
@@ -35,16 +40,18 @@ def dirichlet_label_counts(
     n = int(class_sizes.sum())
     counts = np.zeros((len(class_sizes), num_clients), dtype=np.int64)
     sizes = np.zeros(num_clients, dtype=np.int64)
-    for c, size in enumerate(class_sizes):
-        if size == 0:
-            continue
-        p = rng.dirichlet(np.full(num_clients, beta))
+    present = np.flatnonzero(class_sizes)
+    # One call for every class: numpy draws the rows in order, so this is the same stream
+    # (and the same values) as one dirichlet call per class, without the per-call overhead.
+    draws = rng.dirichlet(np.full(num_clients, beta), size=len(present))
+    for c, p in zip(present.tolist(), draws, strict=True):
+        size = int(class_sizes[c])
         open_ = sizes < n / num_clients
         p = np.where(open_, p, 0.0)
         total = p.sum()
         # With tiny beta every open client may draw 0 (float underflow): share evenly then.
         p = p / total if total > 0 else open_ / open_.sum()
-        counts[c] = counts_from_proportions(p, int(size))
+        counts[c] = counts_from_proportions(p, size)
         sizes += counts[c]
     return counts
 
@@ -57,7 +64,7 @@ class LabelDirichlet(Partitioner):
     def __init__(self, *, beta: float = 0.5, min_size: int = 10, max_tries: int = 100) -> None:
         self.beta = check_positive_float("beta", beta)
         self.min_size = check_positive_int("min_size", min_size, minimum=0)
-        self.max_tries = check_positive_int("max_tries", max_tries)
+        self.max_tries = check_int_range("max_tries", max_tries, 1, MAX_TRIES)
 
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
@@ -69,7 +76,8 @@ class LabelDirichlet(Partitioner):
             )
         by_class = class_positions(labels, num_classes)
         class_sizes = np.array([len(p) for p in by_class], dtype=np.int64)
-        for _ in range(self.max_tries):
+        tries = redraw_limit(self.max_tries, int(np.count_nonzero(class_sizes)), num_clients)
+        for _ in range(tries):
             counts = dirichlet_label_counts(class_sizes, num_clients, self.beta, rng)
             if counts.sum(axis=0).min() >= self.min_size:
                 break

@@ -15,27 +15,38 @@ from __future__ import annotations
 import numpy as np
 
 from fl_partitions._alloc import assign_counts, class_positions, even_counts
-from fl_partitions._rng import check_positive_int
+from fl_partitions._limits import MAX_CLASSES, check_int_range
 from fl_partitions.base import IntArray, Partitioner
 
 
-def class_sets(
-    num_clients: int, num_classes: int, k: int, rng: np.random.Generator
-) -> list[list[int]]:
-    """The ``k`` distinct classes of every client."""
-    held = [[i % num_classes] for i in range(num_clients)]
-    missing = list(range(num_clients, num_classes))  # only when num_clients < num_classes
-    slot = 0
-    for cls in missing:  # round-robin over clients' free slots
-        while len(held[slot % num_clients]) >= k:
-            slot += 1
-        held[slot % num_clients].append(cls)
-        slot += 1
-    for classes in held:
-        free = np.setdiff1d(np.arange(num_classes), classes)
-        extra = rng.choice(free, size=k - len(classes), replace=False)
-        classes.extend(int(c) for c in extra)
+def class_sets(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> IntArray:
+    """The ``k`` distinct classes of every client: one row per client.
+
+    Client ``i`` first takes class ``i mod C``; with fewer clients than classes it also takes
+    ``i + num_clients``, ``i + 2 num_clients``, ... (the round-robin that gives every class a
+    holder; ``k * num_clients >= C`` leaves room for it). The rest of its ``k`` are drawn at
+    random from the classes it does not hold, one client after the other.
+    """
+    held = np.empty((num_clients, k), dtype=np.int64)
+    taken = np.zeros(num_classes, dtype=bool)
+    for i in range(num_clients):
+        first = np.arange(i, num_classes, num_clients) if i < num_classes else [i % num_classes]
+        taken[first] = True
+        free = np.flatnonzero(~taken)  # what setdiff1d(arange(C), first) gives, in O(C)
+        taken[first] = False
+        held[i, : len(first)] = first
+        held[i, len(first) :] = rng.choice(free, size=k - len(first), replace=False)
     return held
+
+
+def class_holders(held: IntArray, num_classes: int) -> list[IntArray]:
+    """For every class, the clients holding it, in ascending order."""
+    # A classes x clients membership matrix (at most 10^7 bools): nonzero() reads it class by
+    # class, clients ascending, with no sort.
+    member = np.zeros((num_classes, len(held)), dtype=bool)
+    member[held, np.arange(len(held))[:, None]] = True
+    classes, clients = np.nonzero(member)
+    return np.split(clients, np.cumsum(np.bincount(classes, minlength=num_classes))[:-1])
 
 
 class LabelQuantity(Partitioner):
@@ -44,7 +55,7 @@ class LabelQuantity(Partitioner):
     name = "label_quantity"
 
     def __init__(self, *, k: int = 2) -> None:
-        self.k = check_positive_int("k", k)
+        self.k = check_int_range("k", k, 1, MAX_CLASSES)
 
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
@@ -56,15 +67,10 @@ class LabelQuantity(Partitioner):
                 f"k={self.k} x num_clients={num_clients} < num_classes={num_classes}: some "
                 f"classes would belong to no client; raise k or num_clients"
             )
-        held = class_sets(num_clients, num_classes, self.k, rng)
-        holders: list[list[int]] = [[] for _ in range(num_classes)]
-        for client, classes in enumerate(held):
-            for c in classes:
-                holders[c].append(client)
+        holders = class_holders(class_sets(num_clients, num_classes, self.k, rng), num_classes)
         owner = np.empty(len(labels), dtype=np.int64)
-        for c, positions in enumerate(class_positions(labels, num_classes)):
+        for positions, who in zip(class_positions(labels, num_classes), holders, strict=True):
             if len(positions) == 0:
                 continue
-            who = np.asarray(holders[c], dtype=np.int64)
             assign_counts(owner, positions, who, even_counts(len(positions), len(who)), rng)
         return owner

@@ -2,9 +2,10 @@
 
 Tagarakis, "FedLoss", NTUA diploma thesis, 2023, mixes label skew ``Dir(0.5)`` with feature
 noise ``sigma = 0.1``; that is the default. Any composition of at most one component of each
-kind works: a ``resample`` (``global_imbalance``) picks the samples, a ``split`` scheme
-(``iid``, ``label_dirichlet``, ``label_quantity``, ``quantity_dirichlet``; IID when absent)
-assigns them, a ``noise`` component (``feature_noise``) sets the per-client input noise.
+kind (so at most three, none of them ``mixed``) works: a ``resample`` (``global_imbalance``)
+picks the samples, a ``split`` scheme (``iid``, ``label_dirichlet``, ``label_quantity``,
+``quantity_dirichlet``; IID when absent) assigns them, a ``noise`` component
+(``feature_noise``) sets the per-client input noise.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fl_partitions.base import IntArray, Partitioner
+from fl_partitions.base import KINDS, IntArray, Partitioner
 from fl_partitions.iid import IID
 
 THESIS_MIXED: tuple[dict[str, Any], ...] = (
@@ -44,11 +45,23 @@ class Mixed(Partitioner):
             raise ValueError(
                 f"components must be a non-empty list of partitioner specs, got {components!r}"
             )
+        if len(components) > len(KINDS):
+            raise ValueError(
+                f"components must list at most {len(KINDS)} partitioners (one of each kind: "
+                f"{', '.join(KINDS)}), got {len(components)}"
+            )
         if resolve is None:
             from fl_partitions.builtin import make_partitioner
 
             resolve = make_partitioner
-        built = [c if isinstance(c, Partitioner) else resolve(c) for c in components]
+        built = []
+        for c in components:
+            # Refused before it is built: a mixed spec nested thousands deep stops here.
+            if isinstance(c, Mixed) or (
+                isinstance(c, dict) and str(c.get("name", "")).lower() == self.name
+            ):
+                raise ValueError("components of mixed cannot themselves be mixed")
+            built.append(c if isinstance(c, Partitioner) else resolve(c))
         by_kind: dict[str, Partitioner] = {}
         for part in built:
             if isinstance(part, Mixed):

@@ -5,8 +5,11 @@ Li et al., ICDE 2022, https://arxiv.org/abs/2102.02079; FedLab's ``dirichlet_unb
 is cut at the cumulative proportions.
 
 Departure: NIID-Bench redraws ``q`` until every client has ``min_size`` samples, unbounded.
-We redraw at most ``max_tries`` times and otherwise give each client ``min_size`` first and
-share the rest by ``q`` — never a hang; an impossible ``min_size`` is a ``ValueError``.
+We redraw at most ``max_tries`` times (itself at most 1000; fewer once the redraws have drawn
+about ``2^23`` Dirichlet components, see :func:`fl_partitions._limits.redraw_limit` — 100
+tries are allowed for any number of clients up to the 10,000 limit) and otherwise give each client
+``min_size`` first and share the rest by ``q`` — never a hang; an impossible ``min_size`` is a
+``ValueError``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from fl_partitions._alloc import assign_counts, counts_from_proportions
+from fl_partitions._limits import MAX_TRIES, check_int_range, redraw_limit
 from fl_partitions._rng import check_positive_float, check_positive_int
 from fl_partitions.base import IntArray, Partitioner
 
@@ -26,7 +30,7 @@ class QuantityDirichlet(Partitioner):
     def __init__(self, *, beta: float = 0.5, min_size: int = 10, max_tries: int = 100) -> None:
         self.beta = check_positive_float("beta", beta)
         self.min_size = check_positive_int("min_size", min_size, minimum=0)
-        self.max_tries = check_positive_int("max_tries", max_tries)
+        self.max_tries = check_int_range("max_tries", max_tries, 1, MAX_TRIES)
 
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
@@ -37,7 +41,7 @@ class QuantityDirichlet(Partitioner):
                 f"min_size={self.min_size} cannot be met: {num_clients} clients x {self.min_size} "
                 f"> {n} samples; lower min_size or num_clients"
             )
-        for _ in range(self.max_tries):
+        for _ in range(redraw_limit(self.max_tries, 1, num_clients)):
             q = rng.dirichlet(np.full(num_clients, self.beta))
             counts = counts_from_proportions(q, n)
             if counts.min() >= self.min_size:
