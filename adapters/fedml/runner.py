@@ -132,7 +132,9 @@ def run_fedml(config: RunConfig, out_dir: Path, timeout: float = 3600) -> dict[s
     record.unlink(missing_ok=True)
     env = {**os.environ, "FEDBALANCE_RECORD": str(record)}
     if grpc:
-        run_grpc(config, out_dir, cfg_path, env, timeout)
+        # Every rank on this machine: one torch thread each unless the user says otherwise
+        # (FedLab's cross-process launcher does the same).
+        run_grpc(config, out_dir, cfg_path, {"OMP_NUM_THREADS": "1"} | env, timeout)
         return collect(config, out_dir)
     with open(out_dir / "fedml.log", "w") as log:
         try:
