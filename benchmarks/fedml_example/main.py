@@ -3,6 +3,9 @@
     python main.py --cf sp.yaml                                              # sp simulation
     mpirun --allow-run-as-root --oversubscribe -np 3 python main.py --cf mpi.yaml         # MPI simulation
     mpirun --allow-run-as-root --oversubscribe -np 3 python main.py --cf cross_silo.yaml  # cross-silo
+    python main.py --cf cross_silo_grpc.yaml --rank 0 --role server   # cross-silo over gRPC: the
+    python main.py --cf cross_silo_grpc.yaml --rank 1 --role client   # server and each silo, one
+    python main.py --cf cross_silo_grpc.yaml --rank 2 --role client   # process each (grpc_ipconfig.csv)
 
 With fedbalance installed, ``aggregator: fedloss`` in the YAML is all it takes.
 """
