@@ -160,9 +160,12 @@ def run_fedml(config: RunConfig, out_dir: Path, timeout: float = 3600) -> dict[s
 
 def progress(config: RunConfig, record: Path) -> str:
     """``round 3 of 10`` (the last aggregation in the recorder) or ``no completed round``."""
-    rounds = (
-        [json.loads(x)["round"] for x in record.read_text().splitlines()] if record.exists() else []
-    )
+    rounds = []
+    for line in record.read_text().splitlines() if record.exists() else []:
+        try:
+            rounds.append(int(json.loads(line)["round"]))
+        except (ValueError, KeyError, TypeError):  # a line cut short by the kill
+            continue
     return f"round {rounds[-1]} of {config.rounds}" if rounds else "no completed round"
 
 
