@@ -339,3 +339,24 @@ def test_backend_is_validated_with_the_allowed_values() -> None:
     with pytest.raises(ConfigError, match="backend: grpc is for framework: fedml-cross-silo"):
         RunConfig(framework="fedml-mpi", backend="grpc")
     assert RunConfig(framework="fedml-cross-silo").backend == "mpi"
+
+
+def test_a_silo_waits_for_the_server_then_gives_up_naming_the_file(tmp_path: Path) -> None:
+    from fl_adapters.fedml.ipconfig import wait_for_server
+
+    args = grpc_args(tmp_path, 3, rank=1, role="client", grpc_server_wait=1)
+    port = int(Path(args.grpc_ipconfig_path).read_text().splitlines()[1].split(",")[3])
+    with pytest.raises(TimeoutError) as info:
+        wait_for_server(args, poll=0.1)
+    assert f"the server (rank 0 in {args.grpc_ipconfig_path}, 127.0.0.1:{port})" in str(info.value)
+    with socket.socket() as server:  # the server comes up half a second later: the silo goes on
+
+        def listen() -> None:
+            time.sleep(0.5)
+            server.bind(("127.0.0.1", port))
+            server.listen()
+
+        threading.Thread(target=listen).start()
+        start = time.monotonic()
+        wait_for_server(SimpleNamespace(**(vars(args) | {"grpc_server_wait": 30})), poll=0.1)
+        assert 0.4 < time.monotonic() - start < 10
