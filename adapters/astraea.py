@@ -10,8 +10,10 @@ rounds in their framework's loop and call these:
   adds ``Rad[y] - 1`` augmented copies of each minority-class sample (in expectation: the
   integer part always, the fractional part with that probability), made with torchvision's
   ``RandomAffine`` (shift, rotation, shear, zoom), then shuffles.
-* :func:`run_mediator` (mediator): passes the model through its clients in order, for
-  ``mediator_epochs`` passes, each client training from the previous client's result.
+* :class:`MediatorRelay` (mediator): the chain bookkeeping every host shares — which member
+  trains next, on whom, how many passes (``mediator_epochs``), and one result per mediator with
+  its sample count. :func:`run_mediator` runs a chain in one process; FedLab cross-process and
+  FedML's MPI modes relay each hop's model between processes through the server.
 
 What the paper leaves open, and what we chose:
 
@@ -30,7 +32,7 @@ What the paper leaves open, and what we chose:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -124,17 +126,33 @@ class AstraeaPlanner:
         mediators: list[list[int]],
         param_bytes: int,
         extra_down: int = 0,
+        models: Sequence[Any] | None = None,
     ) -> None:
-        """Add the round's mediators, their KL and its traffic to ``aggregator``'s next record."""
+        """Add the round's mediators, their KL and its traffic to ``aggregator``'s next record;
+        with ``models`` (one per mediator), a ``digest`` of each (:func:`model_digest`)."""
+        extra: dict[str, Any] = {}
+        if models is not None:
+            extra["digest"] = [model_digest(m) for m in models]
         aggregator.annotate(
             mediators=mediators,
             kl=self.mediator_kl(mediators),
             bytes=round_traffic(param_bytes, mediators, aggregator.mediator_epochs, extra_down),
+            **extra,
         )
 
     def client_kl(self) -> dict[str, list[float]]:
         """Each client's KL to uniform before and (expected) after rebalancing."""
         return {"before": client_kl(self.counts), "after": client_kl(self.expected)}
+
+
+def model_digest(params: Any) -> list[float]:
+    """``[sum, L2 norm]`` of a model's parameters (a flat tensor or a state dict), in float64:
+    what a mediator sent, comparable across hosts and processes to float-order tolerance."""
+    tensors = (
+        [t for t in params.values() if torch.is_tensor(t)] if isinstance(params, dict) else [params]
+    )
+    flat = torch.cat([t.detach().double().flatten().cpu() for t in tensors])
+    return [float(flat.sum()), float(flat.norm())]
 
 
 def rebalance(
@@ -232,21 +250,124 @@ class MediatorResult:
     trace: list[int]
 
 
+@dataclass(frozen=True)
+class Hop:
+    """One leg of a mediator's chain: ``clients`` (in order) trained by one ``owner``.
+
+    ``step`` counts the mediator's hops from 0; ``epoch`` is the pass over its members the hop
+    belongs to (a hop never spans two passes).
+    """
+
+    mediator: int
+    clients: tuple[int, ...]
+    owner: Hashable
+    step: int
+    epoch: int
+
+
+class MediatorRelay:
+    """One round's mediator chains, relayed between whoever holds the members (host-free).
+
+    Each mediator passes the model through its members in order, ``mediator_epochs`` times,
+    each member starting from the previous member's result (Algorithm 1). ``owner(client)``
+    says who trains a client (a process rank, a silo, or the client itself); consecutive
+    members of one pass with the same owner form one :class:`Hop`, so an owner holding several
+    members trains them in a row without a round trip. The relay only keeps the books — which
+    hop comes next and what each mediator has produced — and the host moves the models:
+
+    >>> relay = MediatorRelay([[4, 1], [7]], mediator_epochs=1)
+    >>> [h.clients for h in relay.start()]
+    [(4,), (7,)]
+    >>> relay.received(0, "w4", 10).clients     # mediator 0 goes on to client 1
+    (1,)
+    >>> relay.received(1, "w7", 5), relay.received(0, "w41", 20), relay.done()
+    (None, None, True)
+    >>> relay.results()
+    [('w41', 30), ('w7', 5)]
+
+    ``num_samples`` of a hop is the samples its clients trained on; a mediator's ``n_m`` counts
+    each member once (the first pass), as the paper's weights ``n_m / n`` do.
+    """
+
+    def __init__(
+        self,
+        mediators: Sequence[Sequence[int]],
+        mediator_epochs: int,
+        owner: Callable[[int], Hashable] | None = None,
+    ) -> None:
+        if mediator_epochs < 1:
+            raise ValueError(f"mediator_epochs must be >= 1, got {mediator_epochs}")
+        owner_of = owner if owner is not None else (lambda c: c)
+        self.mediators = [[int(c) for c in g] for g in mediators]
+        self.hops: list[list[Hop]] = []
+        for m, members in enumerate(self.mediators):
+            hops: list[Hop] = []
+            for epoch in range(mediator_epochs):
+                for client in members:
+                    who = owner_of(client)
+                    last = hops[-1] if hops else None
+                    if last is not None and last.epoch == epoch and last.owner == who:
+                        hops[-1] = Hop(m, (*last.clients, client), who, last.step, epoch)
+                    else:
+                        hops.append(Hop(m, (client,), who, len(hops), epoch))
+            self.hops.append(hops)
+        self.position = [0] * len(self.mediators)
+        self.samples = [0] * len(self.mediators)
+        self.params: dict[int, Any] = {}
+        self.trace: list[tuple[int, int]] = []  # (mediator, client) in the order trained
+
+    def start(self) -> list[Hop]:
+        """Every mediator's first hop (they run side by side; each starts from the global model)."""
+        return [hops[0] for hops in self.hops if hops]
+
+    def expected(self, mediator: int) -> Hop:
+        """The hop ``mediator`` is waiting for."""
+        if not 0 <= mediator < len(self.hops) or mediator in self.params:
+            raise ValueError(f"no hop of mediator {mediator} is outstanding in this round")
+        return self.hops[mediator][self.position[mediator]]
+
+    def received(self, mediator: int, params: Any, num_samples: int) -> Hop | None:
+        """Record the result of ``mediator``'s current hop; its next hop, or ``None`` when the
+        mediator's chain has ended (its model is then in :meth:`results`)."""
+        hop = self.expected(mediator)
+        self.trace += [(mediator, c) for c in hop.clients]
+        if hop.epoch == 0:
+            self.samples[mediator] += int(num_samples)
+        self.position[mediator] += 1
+        if self.position[mediator] < len(self.hops[mediator]):
+            return self.hops[mediator][self.position[mediator]]
+        self.params[mediator] = params
+        return None
+
+    def done(self) -> bool:
+        return len(self.params) == sum(1 for hops in self.hops if hops)
+
+    def results(self) -> list[tuple[Any, int]]:
+        """``(params, n_m)`` per mediator, in mediator order."""
+        if not self.done():
+            raise RuntimeError(
+                f"{len(self.params)} of {len(self.mediators)} mediators have finished"
+            )
+        return [(self.params[m], self.samples[m]) for m in range(len(self.mediators))]
+
+
 def run_mediator(
     members: Sequence[int],
     start: P,
     train_one: Callable[[int, P], tuple[P, int]],
     mediator_epochs: int,
 ) -> MediatorResult:
-    """Algorithm 1's mediator: ``train_one(client, params) -> (params, n)`` for each client in
-    order, each starting from the previous client's result, ``mediator_epochs`` times."""
-    params, trace, sizes = start, [], {}
-    for _ in range(mediator_epochs):
-        for client in members:
-            params, n = train_one(int(client), params)
-            sizes[int(client)] = n
-            trace.append(int(client))
-    return MediatorResult(params, sum(sizes.values()), trace)
+    """Algorithm 1's mediator in one process: ``train_one(client, params) -> (params, n)`` for
+    each client in order, each starting from the previous client's result, ``mediator_epochs``
+    times (a :class:`MediatorRelay` whose every hop is one client)."""
+    relay = MediatorRelay([members], mediator_epochs)
+    params: P = start
+    hop: Hop | None = relay.start()[0] if members else None
+    while hop is not None:
+        (client,) = hop.clients
+        params, n = train_one(client, params)
+        hop = relay.received(0, params, n)
+    return MediatorResult(params, relay.samples[0], [c for _, c in relay.trace])
 
 
 def round_traffic(

@@ -124,10 +124,6 @@ def test_cli_check_accepts_a_good_config(tmp_path: Path, capsys) -> None:  # typ
     ("change", "message"),
     [
         ({"num_clients": 5000, "clients_per_round": 1}, "num_clients must be at most"),
-        (
-            {"framework": "fedlab-distributed", "aggregator": "astraea"},
-            "framework must be fedlab, fedml-sp or fedml-cross-silo",
-        ),
         ({"partition": {"name": "label_dirichlet", "min_size": 500}}, "min_size=500 cannot be met"),
     ],
 )
