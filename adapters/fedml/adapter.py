@@ -189,17 +189,12 @@ def validate(args: Any) -> None:
         from fl_adapters.fedml.ipconfig import check_grpc
 
         check_grpc(args)
-    if getattr(agg, "mediated", False) and HOSTS[mode] == "fedml-mpi":
-        raise ValueError(
-            f"aggregator {chosen[0]!r} trains through mediator chains, which fedbalance runs in "
-            "FedML's sp simulation and MPI cross-silo; got MPI simulation (training_type: "
-            "simulation, backend: MPI). Use backend: sp, or training_type: cross_silo."
-        )
-    if getattr(agg, "mediated", False) and HOSTS[mode] == "fedml-cross-silo":
+    if getattr(agg, "mediated", False) and HOSTS[mode] in ("fedml-cross-silo", "fedml-mpi"):
         if getattr(agg, "mediator_epochs", 1) != 1:
             raise ValueError(
-                "aggregator_args: mediator_epochs must be 1 in FedML cross-silo (each silo "
-                f"trains once a round, as FedML's client counts rounds), got {agg.mediator_epochs}"
+                f"aggregator_args: mediator_epochs must be 1 in FedML {HOSTS[mode]} (each "
+                "process trains once a round, as FedML's client counts rounds), got "
+                f"{agg.mediator_epochs}"
             )
 
 
@@ -286,15 +281,21 @@ def _sp_aggregate(self: Any, original: Any, w_locals: list[tuple[Any, Any]]) -> 
 def _dist_train(self: Any, original: Any, round_idx: Any = None) -> Any:
     self.args.round_idx = round_idx
     data, n = self.train_local, self.local_sample_number
-    rad = STATE.get("rad")  # cross-silo Astraea: this silo's data, rebalanced once
-    if rad is not None:
-        from fl_adapters.fedml.astraea import SiloClientData
+    rad = STATE.get("rad")  # MPI Astraea: this client's data, rebalanced once
+    if rad is None:
+        params = train_with_validation(
+            self.trainer, None, data, int(self.client_index), self.device, self.args
+        )
+        return params, n
+    from fl_adapters.fedml.astraea import SiloClientData, seeded_training
 
-        silos = STATE.setdefault("silo_data", SiloClientData(STATE["seed"]))
-        data, n = silos.get(int(self.client_index), self.train_local, rad)
-    params = train_with_validation(
-        self.trainer, None, data, int(self.client_index), self.device, self.args
-    )
+    silos = STATE.setdefault("silo_data", SiloClientData(STATE["seed"]))
+    data, n = silos.get(int(self.client_index), self.train_local, rad)
+    round_number = int(round_idx or 0) + 1  # FedML counts from 0, the sp loop from 1
+    with seeded_training(STATE["seed"], int(self.client_index), round_number, 0):
+        params = train_with_validation(
+            self.trainer, None, data, int(self.client_index), self.device, self.args
+        )
     return params, n
 
 
@@ -308,13 +309,17 @@ def _silo_update_model(self: Any, original: Any, weights: Any) -> Any:
 
 
 def _silo_astraea(manager: Any) -> Any:
-    """The cross-silo server's Astraea state, built on first use (``None``: not mediated)."""
+    """The MPI server's Astraea state, built on first use (``None``: not mediated)."""
     if not getattr(STATE["aggregator"], "mediated", False):
         return None
     if "silo_astraea" not in STATE:
         from fl_adapters.fedml.astraea import SiloAstraea
 
-        STATE["silo_astraea"] = SiloAstraea(manager, STATE["aggregator"])
+        STATE["silo_astraea"] = SiloAstraea(
+            STATE["aggregator"],
+            manager.aggregator.train_data_local_dict,
+            int(manager.args.client_num_in_total),
+        )
     return STATE["silo_astraea"]
 
 
@@ -327,9 +332,8 @@ def _silo_send_init(self: Any, original: Any) -> Any:
     astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
     STATE["planned_round"] = "init"
     params = with_rad(self.aggregator.get_global_model_params(), astraea.planner.rad)
-    for chain in astraea.chains:  # the round's model goes to each mediator's first silo
-        client, silo = chain[0]
-        self.send_message_init_config(client, params, silo, None, None)
+    for hop in astraea.first_hops():  # the round's model goes to each mediator's first silo
+        self.send_message_init_config(hop.owner, params, hop.clients[0], None, None)
     return None
 
 
@@ -349,7 +353,7 @@ def _silo_receive(self: Any, original: Any, msg_params: Any) -> Any:
         STATE["forwarding"] = True
         try:
             self.send_message_sync_model_to_client(
-                nxt[0], with_rad(params, astraea.planner.rad), nxt[1]
+                nxt.owner, with_rad(params, astraea.planner.rad), nxt.clients[0]
             )
         finally:
             STATE["forwarding"] = False
@@ -378,7 +382,7 @@ def _silo_send_sync(
     if STATE.get("planned_round") != self.args.round_idx:  # FedML has picked the next round
         astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
         STATE["planned_round"] = self.args.round_idx
-    if int(receive_id) not in astraea.first_members():
+    if int(receive_id) not in astraea.first_receivers():
         return None, None
     return original(self, receive_id, with_rad(params, astraea.planner.rad), client_index, *a, **kw)
 
@@ -391,8 +395,88 @@ def _silo_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
     return original(self, msg_params)
 
 
+def _mpi_sampling(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
+    sampled = original(self, *a, **kw)
+    STATE["mpi_sampled"] = [int(c) for c in sampled]  # the relay plans the round from it
+    return sampled
+
+
+def _mpi_plan(manager: Any) -> Any:
+    """MPI simulation: the Astraea relay of the round FedML has just sampled (planned once)."""
+    astraea = _silo_astraea(manager)
+    if astraea is not None and STATE.get("planned_round") != manager.args.round_idx:
+        workers = list(range(1, manager.size))  # worker w trains FedML's client_indexes[w-1]
+        astraea.plan_round(workers, STATE["mpi_sampled"][: len(workers)])
+        STATE["planned_round"] = manager.args.round_idx
+    return astraea
+
+
+def _mpi_send_init(self: Any, original: Any) -> Any:
+    if not getattr(STATE["aggregator"], "mediated", False):
+        return original(self)
+    from fl_adapters.fedml.astraea import with_rad
+
+    self.aggregator.client_sampling(
+        self.args.round_idx, self.args.client_num_in_total, self.args.client_num_per_round
+    )
+    astraea = _mpi_plan(self)
+    params = with_rad(self.aggregator.get_global_model_params(), astraea.planner.rad)
+    for hop in astraea.first_hops():  # the round's model goes to each mediator's first worker
+        self.send_message_init_config(hop.owner, params, hop.clients[0])
+    return None
+
+
+def _mpi_receive(self: Any, original: Any, msg_params: Any) -> Any:
+    astraea = _silo_astraea(self)
+    if astraea is None:
+        return original(self, msg_params)
+    from fedml.simulation.mpi.fedavg.message_define import MyMessage
+
+    from fl_adapters.fedml.astraea import with_rad
+
+    sender = int(msg_params.get(MyMessage.MSG_ARG_KEY_SENDER))
+    params = msg_params.get(MyMessage.MSG_ARG_KEY_MODEL_PARAMS)
+    n = int(msg_params.get(MyMessage.MSG_ARG_KEY_NUM_SAMPLES))
+    nxt = astraea.received(sender, params, n)
+    if nxt is not None:  # the server plays the mediator: pass the model on
+        relayed = with_rad(params, astraea.planner.rad)
+        if self.args.round_idx == 0:  # a worker's first message must be FedML's init
+            self.send_message_init_config(nxt.owner, relayed, nxt.clients[0])
+        else:
+            STATE["forwarding"] = True
+            try:
+                self.send_message_sync_model_to_client(nxt.owner, relayed, nxt.clients[0])
+            finally:
+                STATE["forwarding"] = False
+        return None
+    if not astraea.done():
+        return None
+    # Every mediator is done: FedML aggregates (our wrapper reads the mediators' models), tests
+    # and starts the next round. Its all-received check wants one flag per worker.
+    for i in range(self.aggregator.worker_num):
+        if i != sender - 1:
+            self.aggregator.flag_client_model_uploaded_dict[i] = True
+    return original(self, msg_params)
+
+
+def _mpi_send_sync(
+    self: Any, original: Any, receive_id: Any, params: Any, client_index: Any
+) -> Any:
+    if not getattr(STATE["aggregator"], "mediated", False) or STATE.get("forwarding"):
+        return original(self, receive_id, params, client_index)
+    from fl_adapters.fedml.astraea import with_rad
+
+    astraea = _mpi_plan(self)
+    if int(receive_id) not in astraea.first_receivers():
+        return None
+    return original(self, receive_id, with_rad(params, astraea.planner.rad), client_index)
+
+
 def _mpi_aggregate(self: Any, original: Any) -> Any:
-    model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.worker_num)]
+    if "silo_astraea" in STATE:  # one update per mediator, not per worker
+        model_list = STATE["silo_astraea"].model_list()
+    else:
+        model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.worker_num)]
     averaged = aggregate(model_list, self.get_global_model_params())
     self.set_global_model_params(averaged)
     return averaged
@@ -436,6 +520,42 @@ TARGETS = (
         "aggregate",
         "fedml-mpi",
         _mpi_aggregate,
+    ),
+    # MPI simulation Astraea: the server relays each mediator's model between workers.
+    (
+        "fedml.simulation.mpi.fedavg.FedAVGTrainer",
+        "FedAVGTrainer",
+        "update_model",
+        "fedml-mpi",
+        _silo_update_model,
+    ),
+    (
+        "fedml.simulation.mpi.fedavg.FedAVGAggregator",
+        "FedAVGAggregator",
+        "client_sampling",
+        "fedml-mpi",
+        _mpi_sampling,
+    ),
+    (
+        "fedml.simulation.mpi.fedavg.FedAvgServerManager",
+        "FedAVGServerManager",
+        "send_init_msg",
+        "fedml-mpi",
+        _mpi_send_init,
+    ),
+    (
+        "fedml.simulation.mpi.fedavg.FedAvgServerManager",
+        "FedAVGServerManager",
+        "handle_message_receive_model_from_client",
+        "fedml-mpi",
+        _mpi_receive,
+    ),
+    (
+        "fedml.simulation.mpi.fedavg.FedAvgServerManager",
+        "FedAVGServerManager",
+        "send_message_sync_model_to_client",
+        "fedml-mpi",
+        _mpi_send_sync,
     ),
     (
         "fedml.cross_silo.client.fedml_trainer",

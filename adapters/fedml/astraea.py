@@ -14,24 +14,37 @@ the aggregator is Astraea:
 * ``_aggregate``: one update per mediator, weights ``n_m / n``, recorded with the mediators,
   their KL to uniform and the round's bytes.
 
-MPI cross-silo (:class:`SiloAstraea`): FedML's server manager sends each round's model to the
-first silo of every mediator only and forwards each upload to the next silo of its mediator
-(the server plays the mediator); the rebalancing ratios travel in the downlink under a
-reserved key, and each silo rebalances its own data once. MPI *simulation* is not covered
-yet: its ``FedAVGServerManager`` sends per worker too, so the same relay would apply there.
+MPI cross-silo and MPI simulation (:class:`SiloAstraea`, on the host-free
+:class:`~fl_adapters.astraea.MediatorRelay`): FedML's server manager sends each round's model
+to the first silo (worker) of every mediator only and forwards each upload to the next member's
+process (the server plays the mediator's relay); the rebalancing ratios travel in the downlink
+under a reserved key, and each process rebalances a client's data once. Every mode seeds a
+client's training by ``(seed, client, round, pass)`` and records the same fields, so one config
+gives the same plan, mediators and (to float order) models in sp, MPI simulation and
+cross-silo.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fl_adapters.astraea import AstraeaPlanner, dataset_tensors, rebalance_client, run_mediator
+from fl_adapters._training import stream_seed
+from fl_adapters.astraea import (
+    AstraeaPlanner,
+    Hop,
+    MediatorRelay,
+    dataset_tensors,
+    rebalance_client,
+    run_mediator,
+)
 from fl_adapters.fedml.payload import KEY_RAD, attach, strip
 from fl_aggregators.astraea import Astraea
 
@@ -44,6 +57,16 @@ def like(data: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
         return DataLoader(TensorDataset(x, y), batch_size=data.batch_size or 32, shuffle=True)
     batch = len(next(iter(data))[1]) if len(data) else 32
     return [(x[i : i + batch], y[i : i + batch]) for i in range(0, len(y), batch)]
+
+
+@contextlib.contextmanager
+def seeded_training(seed: int, client: int, round: int, epoch: int) -> Iterator[None]:
+    """Torch's global RNG (FedML's shuffling loaders, dropout) seeded by ``(seed, client,
+    round, epoch)`` for one client's training, then restored: a client trains the same batches
+    in sp, in an MPI worker or in a silo."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(stream_seed("fedml-astraea-train", seed, client, round, epoch))
+        yield
 
 
 class SpAstraea:
@@ -86,11 +109,13 @@ class SpAstraea:
             trainer = client.model_trainer
 
             def train_one(c: int, w: Any) -> tuple[Any, int]:
+                epoch = self.trace.count((self.round, m, c))
                 self.trace.append((self.round, m, c))
                 data = self.client_data(c)
                 trainer.set_id(c)
                 trainer.set_model_params(w)
-                trainer.train(data, client.device, client.args)
+                with seeded_training(self.seed, c, self.round, epoch):
+                    trainer.train(data, client.device, client.args)
                 n = (
                     len(data.dataset)  # type: ignore[arg-type]
                     if isinstance(data, DataLoader)
@@ -107,10 +132,7 @@ class SpAstraea:
     def model_list(self) -> list[tuple[int, Any]]:
         """One ``(n_m, params)`` per mediator, in mediator order; annotates the record."""
         params = [self.results[m][0] for m in range(len(self.mediators))]
-        param_bytes = sum(
-            int(t.numel() * t.element_size()) for t in params[0].values() if torch.is_tensor(t)
-        )
-        self.planner.annotate(self.aggregator, self.mediators, param_bytes)
+        annotate_round(self.planner, self.aggregator, self.mediators, params)
         return [
             (self.results[m][1], attach(params[m], m, None)) for m in range(len(self.mediators))
         ]
@@ -148,78 +170,72 @@ class SiloClientData:
         return self.data[silo]
 
 
-class SiloAstraea:
-    """The cross-silo server's Astraea state: the plan, this round's chains and their results.
+def fedml_param_bytes(params: Any) -> int:
+    return sum(int(t.numel() * t.element_size()) for t in params.values() if torch.is_tensor(t))
 
-    A chain is a mediator: ``[(FedML client id, data silo index), ...]`` in training order.
-    FedML sends the round's model to the first member of each chain only; each member's upload
-    is forwarded to the next member (the server plays the mediator), and a chain's last upload
-    is the mediator's update.
+
+def annotate_round(
+    planner: AstraeaPlanner, aggregator: Astraea, mediators: list[list[int]], models: list[Any]
+) -> None:
+    """The round's record fields, the same in every FedML mode: mediators (client / silo
+    indexes), their KL, the paper's traffic of the round with the plan (``rad``, float64) in
+    each mediator's downlink — whatever route the host's messages take — and each mediator
+    model's digest."""
+    nbytes = fedml_param_bytes(models[0])
+    planner.annotate(aggregator, mediators, nbytes, 8 * len(planner.rad), models=models)
+
+
+class SiloAstraea:
+    """The MPI server's Astraea state: the plan, this round's relay and its results.
+
+    Used by cross-silo (one silo per client process) and MPI simulation (a worker trains the
+    client FedML assigned it). A mediator's members are data indexes (silos / clients);
+    ``plan_round`` gets FedML's ``(receiver id, data index)`` pairs of the round, and the
+    :class:`~fl_adapters.astraea.MediatorRelay` says which receiver trains next. FedML sends
+    the round's model to the first member of each chain only; each member's upload is forwarded
+    to the next member (the server plays the mediator's relay), and a chain's last upload is
+    the mediator's update.
     """
 
-    def __init__(self, manager: Any, aggregator: Astraea) -> None:
+    def __init__(self, aggregator: Astraea, train_data: dict[int, Any], num_clients: int) -> None:
         if aggregator.mediator_epochs != 1:
             raise ValueError(
-                "astraea in FedML cross-silo needs mediator_epochs: 1 (each silo trains once a "
-                f"round, as FedML's client counts rounds), got {aggregator.mediator_epochs}"
+                "astraea in FedML's MPI modes needs mediator_epochs: 1 (each process trains "
+                f"once a round, as FedML's client counts rounds), got {aggregator.mediator_epochs}"
             )
         self.aggregator = aggregator
-        host = manager.aggregator
-        silos = range(int(manager.args.client_num_in_total))
         self.planner = AstraeaPlanner.from_labels(
-            [dataset_tensors(host.train_data_local_dict[s])[1] for s in silos], aggregator
+            [dataset_tensors(train_data[s])[1] for s in range(num_clients)], aggregator
         )
-        self.chains: list[list[tuple[int, int]]] = []
-        self.samples: list[int] = []
-        self.results: dict[int, Any] = {}
+        self.receiver: dict[int, int] = {}
+        self.relay = MediatorRelay([], 1)
 
-    def plan_round(self, client_ids: list[int], silo_indexes: list[int]) -> None:
-        """Group the round's silos into chains (Algorithm 3 over their label counts)."""
-        by_silo = {int(s): int(c) for c, s in zip(client_ids, silo_indexes, strict=True)}
-        self.chains = [
-            [(by_silo[s], s) for s in members] for members in self.planner.mediators(list(by_silo))
-        ]
-        self.samples = [0] * len(self.chains)
-        self.results = {}
+    def plan_round(self, receivers: list[int], data_indexes: list[int]) -> None:
+        """Group the round's data indexes into mediators (Algorithm 3 over their counts)."""
+        self.receiver = {int(s): int(r) for r, s in zip(receivers, data_indexes, strict=True)}
+        mediators = self.planner.mediators(list(self.receiver))
+        self.relay = MediatorRelay(mediators, 1, owner=self.receiver.__getitem__)
 
-    def first_members(self) -> set[int]:
-        return {chain[0][0] for chain in self.chains}
+    def first_hops(self) -> list[Hop]:
+        return self.relay.start()
 
-    def received(self, sender: int, params: Any, n: int) -> tuple[int, int] | None:
-        """Record ``sender``'s upload; the ``(client id, silo)`` to forward to, or ``None``."""
-        m, pos = next(
-            (m, i)
-            for m, chain in enumerate(self.chains)
-            for i, (c, _) in enumerate(chain)
-            if c == sender
+    def first_receivers(self) -> set[int]:
+        return {int(hop.owner) for hop in self.relay.start()}
+
+    def received(self, sender: int, params: Any, n: int) -> Hop | None:
+        """Record ``sender``'s upload; the next hop of its mediator, or ``None``."""
+        m = next(
+            m
+            for m, members in enumerate(self.relay.mediators)
+            if m not in self.relay.params and self.relay.expected(m).owner == sender
         )
-        self.samples[m] += int(n)
-        if pos + 1 < len(self.chains[m]):
-            return self.chains[m][pos + 1]
-        self.results[m] = strip(params)[0]
-        return None
+        return self.relay.received(m, strip(params)[0], n)
 
     def done(self) -> bool:
-        return len(self.results) == len(self.chains)
+        return self.relay.done()
 
     def model_list(self) -> list[tuple[int, Any]]:
-        """One ``(n_m, params)`` per mediator; annotates the record (mediators by silo index)."""
-        params = [self.results[m] for m in range(len(self.chains))]
-        param_bytes = sum(
-            int(t.numel() * t.element_size()) for t in params[0].values() if torch.is_tensor(t)
-        )
-        mediators = [[s for _, s in chain] for chain in self.chains]
-        # Every hop goes through the server here: each silo visit is one downlink (model and
-        # rad) and one uplink; there is no client-to-client traffic.
-        visits = sum(len(chain) for chain in self.chains)
-        rad_bytes = 8 * len(self.planner.rad)
-        self.aggregator.annotate(
-            mediators=mediators,
-            kl=self.planner.mediator_kl(mediators),
-            bytes={
-                "server_down": visits * (param_bytes + rad_bytes),
-                "server_up": visits * param_bytes,
-                "mediator_clients": 0,
-            },
-        )
-        return [(self.samples[m], attach(params[m], m, None)) for m in range(len(self.chains))]
+        """One ``(n_m, params)`` per mediator; annotates the record (mediators by data index)."""
+        results = self.relay.results()
+        annotate_round(self.planner, self.aggregator, self.relay.mediators, [p for p, _ in results])
+        return [(n, attach(params, m, None)) for m, (params, n) in enumerate(results)]
