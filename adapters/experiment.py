@@ -50,15 +50,13 @@ def is_mediated(aggregator: str) -> bool:
 
 def check(config: RunConfig) -> dict[str, Any]:
     """Validate ``config`` end to end without training; a summary of what a run would use."""
-    if is_mediated(config.aggregator) and config.framework not in (
-        "fedlab",
-        "fedml-sp",
-        "fedml-cross-silo",
-    ):
-        raise ConfigError(
-            f"aggregator {config.aggregator!r} trains through mediator chains: framework must "
-            f"be fedlab, fedml-sp or fedml-cross-silo, got {config.framework!r}"
-        )
+    if is_mediated(config.aggregator) and config.framework.startswith("fedml-"):
+        epochs = config.aggregator_args.get("mediator_epochs", 1)
+        if config.framework != "fedml-sp" and epochs != 1:
+            raise ConfigError(
+                f"aggregator_args: mediator_epochs must be 1 in {config.framework} (each FedML "
+                f"process trains once a round, as FedML's client counts rounds), got {epochs!r}"
+            )
     _, labels, partition = training_data(config)
     sizes = [len(c) for c in partition.client_indices]
     return {

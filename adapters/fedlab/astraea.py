@@ -14,20 +14,40 @@ Each round, in FedLab's own ``StandalonePipeline`` loop:
    ``n_m / n``) and records the mediators, their KL to uniform and the round's bytes.
 
 Clients "report" their label counts once: the runner counts each client's training labels and
-hands the matrix to the handler. Mediator chains need every member's data in one process, so
-Astraea runs standalone; a cross-process run with ``astraea`` is refused with a message.
+hands the matrix to the handler.
+
+Cross-process (``DistNetwork``): the clients are spread over processes, so the server relays
+each mediator's model between them (:func:`relay_rounds`, on the host-free
+:class:`~fl_adapters.astraea.MediatorRelay`). Each client process reports its clients' label
+counts once, right after FedLab's own set-up message (:func:`report_counts`). Each round the
+server sends a mediator's model to the process holding its first member(s) as
+``[local ids, params, rad, hop]`` (``hop`` = ``[-1, mediator, global ids...]``, see
+:func:`encode_hop`); that process trains those members in order, from the model it got, and
+uploads ``[params, meta]`` (``meta`` = mediator index, samples); the server sends the result to
+the process of the next member, ``mediator_epochs`` passes over the chain, and aggregates one
+model per mediator with weights ``n_m / n``. Consecutive members held by one process train in a
+row with no round trip. Each client process rebalances a client's data once, from the ``rad``
+the server sends. Mediators run side by side: each process trains the hops it receives in order.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from fl_adapters.astraea import AstraeaPlanner, dataset_tensors, rebalance_client, run_mediator
+from fl_adapters.astraea import (
+    AstraeaPlanner,
+    dataset_tensors,
+    label_counts,
+    rebalance_client,
+    run_mediator,
+)
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.payload import pack_meta
@@ -55,6 +75,123 @@ def decode_mediators(layout: torch.Tensor) -> list[list[int]]:
     if pos != len(values):
         raise ValueError(f"malformed mediator layout of {len(values)} values")
     return out
+
+
+#: First value of a relay hop's tag (a standalone layout starts with the mediator count >= 0).
+RELAY = -1
+
+
+def encode_hop(mediator: int, clients: Sequence[int]) -> torch.Tensor:
+    """A relay hop's tag: ``[-1, mediator, global client ids...]`` as float32."""
+    return torch.tensor([RELAY, mediator, *clients], dtype=torch.float32)
+
+
+def decode_hop(payload: list[torch.Tensor]) -> tuple[int, list[int]] | None:
+    """``(mediator, global client ids)`` if ``payload`` is a relay hop's downlink, else ``None``."""
+    if len(payload) < 3 or payload[2].numel() < 2 or int(payload[2][0]) != RELAY:
+        return None
+    values = [int(v) for v in payload[2].tolist()]
+    return values[1], values[2:]
+
+
+def report_counts(network: Any, counts: Any) -> None:
+    """A client process's label counts (its clients x classes), sent once after FedLab's set-up."""
+    from fedlab.utils import MessageCode
+
+    matrix = torch.as_tensor(np.asarray(counts, dtype=np.float64), dtype=torch.float32)
+    rows, cols = matrix.shape if matrix.dim() == 2 else (0, 0)
+    content = torch.cat([torch.tensor([rows, cols], dtype=torch.float32), matrix.flatten()])
+    network.send(content=content, message_code=MessageCode.SetUp, dst=0)
+
+
+def receive_counts(network: Any, min_classes: int = 0) -> np.ndarray:
+    """Every client process's label counts, stacked in rank order (= FedLab's global ids)."""
+    parts = []
+    for rank in range(1, network.world_size):
+        _, _, content = network.recv(src=rank)
+        flat = content[0]
+        rows, cols = int(flat[0]), int(flat[1])
+        parts.append(flat[2 : 2 + rows * cols].view(rows, cols).double().numpy())
+    classes = max([min_classes, *(p.shape[1] for p in parts)])
+    padded = [np.pad(p, ((0, 0), (0, classes - p.shape[1]))) for p in parts]
+    return np.rint(np.concatenate(padded)).astype(np.int64)
+
+
+def relay_rounds(manager: Any, planner: AstraeaPlanner, plan: Any) -> None:
+    """``SynchronousServerManager.main_loop`` for Astraea: each round ``plan()`` samples and
+    returns the mediators; their models travel through the client processes along a
+    :class:`~fl_adapters.astraea.MediatorRelay`, and the handler's ``load`` gets one package per
+    mediator (it aggregates on the last)."""
+    from fedlab.utils import MessageCode
+
+    handler, network, coordinator = manager._handler, manager._network, manager.coordinator
+    rad = torch.as_tensor(planner.rad, dtype=torch.float32)
+    # Sends run on their own thread, as FedLab's activator does: a gloo send to a process that
+    # is itself sending to the server would otherwise wait forever for the server's recv.
+    outbox: queue.Queue[tuple[Any, torch.Tensor] | None] = queue.Queue()
+    failed: list[BaseException] = []
+
+    def sender() -> None:
+        while (item := outbox.get()) is not None:
+            hop, params = item
+            local = [coordinator.map_id(c)[1] for c in hop.clients]
+            content = [torch.tensor(local, dtype=params.dtype), params, rad]
+            content.append(encode_hop(hop.mediator, hop.clients))
+            try:
+                network.send(
+                    content=content, message_code=MessageCode.ParameterUpdate, dst=hop.owner
+                )
+            except BaseException as e:  # noqa: BLE001 - re-raised by the main thread
+                failed.append(e)
+                return
+
+    def send(hop: Any, params: torch.Tensor) -> None:
+        if failed:
+            raise RuntimeError(f"sending a mediator's model failed: {failed[0]}") from failed[0]
+        outbox.put((hop, params))
+
+    thread = threading.Thread(target=sender, name="astraea-relay-send", daemon=True)
+    thread.start()
+    try:
+        _relay_loop(handler, network, planner, plan, send, lambda c: coordinator.map_id(c)[0])
+    finally:
+        outbox.put(None)
+        thread.join()
+
+
+def _relay_loop(
+    handler: Any, network: Any, planner: AstraeaPlanner, plan: Any, send: Any, owner: Any
+) -> None:
+    from fedlab.utils import MessageCode
+
+    from fl_adapters.astraea import MediatorRelay
+    from fl_adapters.fedlab.payload import unpack
+
+    while handler.if_stop is not True:
+        mediators = plan()
+        relay = MediatorRelay(
+            mediators,
+            planner.aggregator.mediator_epochs,
+            owner=owner,
+        )
+        start = handler.model_parameters
+        for hop in relay.start():
+            send(hop, start)
+        while not relay.done():
+            sender, code, payload = network.recv()
+            if code != MessageCode.ParameterUpdate:
+                raise RuntimeError(f"unexpected message code {code} from rank {sender}")
+            up = unpack(payload)
+            m = up.client_id if up.client_id is not None else -1
+            if not 0 <= m < len(mediators) or relay.expected(m).owner != sender:
+                raise RuntimeError(
+                    f"rank {sender} sent an update for mediator {m}, which is not waiting for it"
+                )
+            nxt = relay.received(m, payload[0], up.num_samples or 0)
+            if nxt is not None:
+                send(nxt, payload[0])
+        for m, (params, n) in enumerate(relay.results()):
+            handler.load([params, pack_meta(m, n, None)])
 
 
 def client_labels(data: PartitionedDataset) -> list[torch.Tensor]:
@@ -121,6 +258,10 @@ class AstraeaServerHandler(FedBalanceServerHandler):
         self.round_mediators = self.planner.mediators(sampled)
         return sampled
 
+    def plan_round(self) -> list[list[int]]:
+        self.sample_clients()
+        return self.round_mediators
+
     @property
     def downlink_package(self) -> list[torch.Tensor]:
         rad = torch.as_tensor(self.planner.rad, dtype=torch.float32)
@@ -135,7 +276,11 @@ class AstraeaServerHandler(FedBalanceServerHandler):
             len(self.planner.rad) + encode_mediators(self.round_mediators).numel()
         )
         self.planner.annotate(
-            self.astraea, self.round_mediators, param_bytes(self._model), rad_and_layout
+            self.astraea,
+            self.round_mediators,
+            param_bytes(self._model),
+            rad_and_layout,
+            models=[payload[0] for payload in buffer],
         )
         super().global_update(buffer)
 
@@ -204,6 +349,10 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
             )
         params, rad, layout = payload[0], payload[1], payload[2]
         self.rebalanced.set_rad(rad.double().numpy())
+        hop = decode_hop(payload)
+        if hop is not None:  # cross-process: one hop of a mediator's chain
+            self.train_hop(params, hop[0], hop[1], id_list)
+            return
         self.rounds += 1
         known = set(self.client_ids)
         for m, members in enumerate(decode_mediators(layout)):
@@ -220,3 +369,28 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
 
             result = run_mediator(members, params, train_one, self.mediator_epochs)
             self.cache.append([result.params, pack_meta(m, result.num_samples, None)])
+
+    def train_hop(
+        self, params: torch.Tensor, mediator: int, clients: list[int], id_list: list[int]
+    ) -> None:
+        """One relay hop: train ``id_list`` (local ids of ``clients``) in order, upload once."""
+        ids = [self.client_ids[int(i)] for i in id_list]
+        if ids != clients:
+            raise ValueError(f"hop of mediator {mediator} names {clients}, local ids map to {ids}")
+        n = 0
+        for client in ids:
+            k = self.participations.get(client, 0)
+            self.participations[client] = k + 1
+            self.trace.append((-1, mediator, client))
+            package = train_client(self._model, params, self.rebalanced, client, k, self.cfg)
+            params, n = package[0], n + int(package[1][1])
+        self.cache.append([params, pack_meta(mediator, n, None)])
+
+
+def trainer_counts(trainer: Any, num_classes: int = 0) -> np.ndarray:
+    """Label counts of the clients a FedLab trainer holds (its local ids, in order)."""
+    dataset = trainer.dataset
+    ids = range(int(getattr(trainer, "num_clients", 1) or 1))
+    labels = [dataset_tensors(dataset.get_dataset(i, "train"))[1] for i in ids]
+    classes = max([num_classes, *(int(y.max()) + 1 for y in labels if len(y))])
+    return np.stack([label_counts(y, classes) for y in labels])

@@ -15,12 +15,17 @@ classes in this process (and nothing when it is unset):
   when its ``get_dataset(id, "val")`` has one, otherwise a deterministic 10 % of its training
   data — train with FedLab's own ``train``, and append ``[client_id, num_samples, val_loss]``
   to the uplink. The validation loss is computed only if the aggregator needs it.
-* ``astraea`` (a mediated aggregator): ``SGDSerialClientTrainer.local_process`` counts every
-  client's labels once (what the clients report), plans the rebalancing, groups the round's
-  clients into mediators and trains each chain with FedLab's own ``train`` on the rebalanced
-  data, uploading one package per mediator; ``SyncServerHandler.load`` waits for one package
-  per mediator. Planner and handler share the process, so this runs in the standalone
-  pipeline; ``SGDClientTrainer`` (one client per process) refuses it.
+* ``astraea`` (a mediated aggregator), standalone pipeline: ``SGDSerialClientTrainer.local_process``
+  counts every client's labels once (what the clients report), plans the rebalancing, groups
+  the round's clients into mediators and trains each chain with FedLab's own ``train`` on the
+  rebalanced data, uploading one package per mediator; ``SyncServerHandler.load`` waits for one
+  package per mediator.
+* ``astraea`` over ``DistNetwork`` (stock server and client scripts): each client process's
+  ``PassiveClientManager.setup`` reports its clients' label counts once;
+  ``SynchronousServerManager`` plans from them and relays each mediator's model through the
+  processes holding its members (:func:`fl_adapters.fedlab.astraea.relay_rounds`); the trainers
+  (``SGDSerialClientTrainer`` or ``SGDClientTrainer``) train the members of each hop in order
+  with FedLab's own ``train`` on data rebalanced once from the server's ``rad``.
 
 An unknown aggregator name stops ``import fedlab`` with the registry's message (listing the
 available names), before any training. ``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1`` turns it off.
@@ -89,6 +94,8 @@ def arm() -> None:
     name, args = chosen
     from fedlab.contrib.algorithm.basic_client import SGDClientTrainer, SGDSerialClientTrainer
     from fedlab.contrib.algorithm.basic_server import SyncServerHandler
+    from fedlab.core.client.manager import PassiveClientManager
+    from fedlab.core.server.manager import SynchronousServerManager
 
     from fl_adapters.fedlab.handler import aggregate_into
     from fl_adapters.fedlab.payload import pack_meta
@@ -108,19 +115,45 @@ def arm() -> None:
         if mediated:
             from fl_adapters.fedlab.astraea import param_bytes
 
-            astraea["planner"].annotate(agg, astraea["mediators"], param_bytes(self._model))
+            astraea["planner"].annotate(
+                agg, astraea["mediators"], param_bytes(self._model), models=[p[0] for p in buffer]
+            )
         aggregate_into(self._model, agg, buffer, self.round + 1, "fedlab")
 
     def astraea_load(self: Any, payload: list[torch.Tensor]) -> bool:
         # One package per mediator, not per sampled client.
         if "mediators" not in astraea:
             raise RuntimeError(
-                f"{ENV_AGGREGATOR}={name} runs in FedLab's standalone pipeline (server handler "
-                "and SGDSerialClientTrainer in one process); this process has no mediator plan"
+                f"{ENV_AGGREGATOR}={name}: this process has no mediator plan (run FedLab's "
+                "standalone pipeline, or SynchronousServerManager over DistNetwork)"
             )
         from fl_adapters.fedlab.astraea import load_per_mediator
 
         return load_per_mediator(self, payload, len(astraea["mediators"]))
+
+    def relay_hop(trainer: Any, payload: list[torch.Tensor], id_list: list[int]) -> list[Any]:
+        """Cross-process: train one hop's members (local ids, in order); ``[params, meta]``."""
+        from fl_adapters.astraea import dataset_tensors, rebalance_client
+        from fl_adapters.fedlab.astraea import decode_hop
+
+        hop = decode_hop(payload)
+        assert hop is not None  # the caller checked
+        mediator, clients = hop
+        data = astraea.setdefault("data", {})
+        seed = int(os.environ.get(ENV_SEED, "0"))
+        params, n = payload[0], 0
+        for local, client in zip(id_list, clients, strict=True):
+            if client not in data:  # rebalanced once, seeded by the global id
+                x, y = dataset_tensors(trainer.dataset.get_dataset(int(local), "train"))
+                data[client] = TensorDataset(*rebalance_client(x, y, payload[1], seed, client))
+            loader = DataLoader(data[client], batch_size=trainer.batch_size, shuffle=True)
+            if isinstance(trainer, SGDSerialClientTrainer):
+                params = trainer.train(params, loader)[0]
+            else:
+                trainer.train(params, loader)
+                params = trainer.model_parameters
+            n += len(data[client])
+        return [params, pack_meta(mediator, n, None)]
 
     def astraea_local_process(self: Any, payload: list[torch.Tensor], id_list: list[int]) -> None:
         from fl_adapters.astraea import (
@@ -129,7 +162,11 @@ def arm() -> None:
             rebalance_client,
             run_mediator,
         )
+        from fl_adapters.fedlab.astraea import decode_hop
 
+        if decode_hop(payload) is not None:
+            self.cache.append(relay_hop(self, payload, id_list))
+            return
         if "planner" not in astraea:  # the clients report their label counts once
             labels = [
                 dataset_tensors(self.dataset.get_dataset(c, "train"))[1]
@@ -178,11 +215,42 @@ def arm() -> None:
         package = self.__dict__.get("_fedbalance_package")
         return package if package is not None else original_uplink.fget(self)
 
-    def refuse_single_client(self: Any, payload: list[torch.Tensor], id: int) -> None:
-        raise RuntimeError(
-            f"{ENV_AGGREGATOR}={name} trains mediator chains: use SGDSerialClientTrainer in "
-            "FedLab's standalone pipeline (one client per process cannot chain)"
-        )
+    def astraea_client_process(self: Any, payload: list[torch.Tensor], id: int) -> None:
+        from fl_adapters.fedlab.astraea import decode_hop
+
+        if decode_hop(payload) is None:
+            raise RuntimeError(
+                f"{ENV_AGGREGATOR}={name} trains mediator chains: an SGDClientTrainer needs the "
+                "relay of an armed SynchronousServerManager over DistNetwork"
+            )
+        self._fedbalance_package = relay_hop(self, payload, [id])
+
+    def astraea_server_setup(self: Any) -> None:
+        from fl_adapters.astraea import AstraeaPlanner
+        from fl_adapters.fedlab.astraea import receive_counts
+
+        original_server_setup(self)
+        counts = receive_counts(self._network)  # every client process reports once
+        agg = registry.make_aggregator(name, **args)
+        astraea.update(planner=AstraeaPlanner(counts, agg))
+
+    def astraea_main_loop(self: Any) -> None:
+        from fl_adapters.fedlab.astraea import relay_rounds
+
+        def plan() -> list[list[int]]:
+            astraea["mediators"] = astraea["planner"].mediators(self._handler.sample_clients())
+            return astraea["mediators"]
+
+        relay_rounds(self, astraea["planner"], plan)
+
+    def astraea_client_setup(self: Any) -> None:
+        from fl_adapters.fedlab.astraea import report_counts, trainer_counts
+
+        original_client_setup(self)
+        report_counts(self._network, trainer_counts(self._trainer))
+
+    original_server_setup = SynchronousServerManager.setup
+    original_client_setup = PassiveClientManager.setup
 
     patches = PATCHES["fedlab"]
     patches.set(SyncServerHandler, "global_update", global_update)
@@ -194,11 +262,14 @@ def arm() -> None:
     patches.set(
         SGDClientTrainer,
         "local_process",
-        refuse_single_client if mediated else client_local_process,
+        astraea_client_process if mediated else client_local_process,
     )
     patches.set(SGDClientTrainer, "uplink_package", property(client_uplink))
     if mediated:
         patches.set(SyncServerHandler, "load", astraea_load)
+        patches.set(SynchronousServerManager, "setup", astraea_server_setup)
+        patches.set(SynchronousServerManager, "main_loop", astraea_main_loop)
+        patches.set(PassiveClientManager, "setup", astraea_client_setup)
     _armed.update(aggregator=name, args=args)
     log.info("fedbalance: FedLab armed with aggregator %r %s", name, args or "")
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fl_adapters._training import evaluate
@@ -153,9 +154,10 @@ class MetricsWriter:
         if "update_scale" in result.extra:  # update_clip: how much each update was shortened
             row["update_scale"] = result.extra["update_scale"]
         traffic = result.extra.get("bytes")
-        if traffic is not None and bytes_down is None:  # Astraea: server and mediator hops
-            hops = traffic["mediator_clients"] // 2
-            bytes_down, bytes_up = traffic["server_down"] + hops, traffic["server_up"] + hops
+        if traffic is not None:  # Astraea: server and mediator hops
+            if bytes_down is None:  # standalone: the protocol's traffic (measured cross-process)
+                hops = traffic["mediator_clients"] // 2
+                bytes_down, bytes_up = traffic["server_down"] + hops, traffic["server_up"] + hops
             row.update(mediators=result.extra["mediators"], mediator_kl=result.extra["kl"])
         # Parameters down to each sampled client and up again, plus fedbalance's 3-float meta.
         row["bytes_down"] = bytes_down if bytes_down is not None else k * self.param_bytes
@@ -264,14 +266,6 @@ def restore(handler: FedBalanceServerHandler, ckpt: Checkpoint) -> None:
     log.info("resumed after round %d of %d", ckpt.round, handler.global_round)
 
 
-def refuse_mediated(config: RunConfig) -> None:
-    if is_mediated(config.aggregator):
-        raise ValueError(
-            f"aggregator {config.aggregator!r} trains through mediator chains, which need every "
-            "member's data in one process: use framework: fedlab (standalone) or fedml-sp"
-        )
-
-
 def run_standalone(
     config: RunConfig,
     out_dir: Path,
@@ -349,7 +343,8 @@ def run_server(
     from fedlab.core.network import DistNetwork
     from fedlab.core.server.manager import SynchronousServerManager
 
-    refuse_mediated(config)
+    from fl_adapters.fedlab.astraea import AstraeaServerHandler, receive_counts, relay_rounds
+
     ckpt = load_checkpoint(config, out_dir) if resume else None
     exp = build(config)
     writer = MetricsWriter(exp, out_dir, progress, resume_from=ckpt)
@@ -367,7 +362,26 @@ def run_server(
     handler = make_handler(exp, on_round=on_round)
     if ckpt is not None:
         restore(handler, ckpt)
-    SynchronousServerManager(network=network, handler=handler, mode="LOCAL").run()
+    if not isinstance(handler, AstraeaServerHandler):
+        SynchronousServerManager(network=network, handler=handler, mode="LOCAL").run()
+        return writer.summary()
+    writer.astraea = handler.planner
+    astraea = handler
+
+    class AstraeaServerManager(SynchronousServerManager):
+        def setup(self) -> None:
+            super().setup()
+            reported = receive_counts(self._network, exp.num_classes)
+            if not np.array_equal(reported, astraea.planner.counts):
+                raise RuntimeError(
+                    "the client processes reported label counts that differ from this "
+                    "config's partition: every process must run the same config"
+                )
+
+        def main_loop(self) -> None:
+            relay_rounds(self, astraea.planner, astraea.plan_round)
+
+    AstraeaServerManager(network=network, handler=handler, mode="LOCAL").run()
     return writer.summary()
 
 
@@ -385,20 +399,50 @@ def run_client(
     from fedlab.core.client.manager import PassiveClientManager
     from fedlab.core.network import DistNetwork
 
+    from fl_adapters.fedlab.astraea import AstraeaSerialTrainer, client_labels, report_counts
     from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer
 
-    refuse_mediated(config)
+    check_processes(config, world_size - 1)
     if not 1 <= rank < world_size:
         raise ValueError(f"rank must be between 1 and world_size-1={world_size - 1}, got {rank}")
     exp = build(config)
     ids = client_slices(config.num_clients, world_size - 1)[rank - 1]
-    trainer = FedBalanceSerialTrainer(exp.model, exp.data, exp.local, client_ids=ids)
+    trainer: FedBalanceSerialTrainer
+    manager_cls: Any = PassiveClientManager
+    if is_mediated(config.aggregator):
+        from fl_adapters.astraea import label_counts
+        from fl_adapters.registry import get_registry
+
+        agg = get_registry().make_aggregator(config.aggregator, **config.aggregator_args)
+        trainer = AstraeaSerialTrainer(
+            exp.model, exp.data, exp.local, agg.mediator_epochs, client_ids=ids
+        )
+        labels = client_labels(exp.data)
+        counts = np.stack([label_counts(labels[c], exp.num_classes) for c in ids])
+
+        class AstraeaClientManager(PassiveClientManager):
+            def setup(self) -> None:
+                super().setup()
+                report_counts(self._network, counts)  # the clients' label counts, once
+
+        manager_cls = AstraeaClientManager
+    else:
+        trainer = FedBalanceSerialTrainer(exp.model, exp.data, exp.local, client_ids=ids)
     if resume_from is not None:
         ckpt = Checkpoint.load(resume_from)
         ckpt.check_config(config.to_dict(), resume_from)
         trainer.participations = {c: k for c, k in ckpt.participations.items() if c in ids}
     network = DistNetwork((host, str(config.port)), world_size=world_size, rank=rank)
-    PassiveClientManager(trainer=trainer, network=network).run()
+    manager_cls(trainer=trainer, network=network).run()
+
+
+def check_processes(config: RunConfig, client_processes: int) -> None:
+    """A cross-process run needs 1 <= client processes <= num_clients (each holds a client)."""
+    if not 1 <= client_processes <= config.num_clients:
+        raise ValueError(
+            f"a cross-process run needs between 1 and num_clients={config.num_clients} client "
+            f"processes (each simulates at least one client), got {client_processes}"
+        )
 
 
 def run_distributed(
@@ -414,7 +458,7 @@ def run_distributed(
     If any process dies, the others are stopped and the error names the checkpoint of the
     last completed round; ``resume=True`` continues from it.
     """
-    refuse_mediated(config)
+    check_processes(config, client_processes)
     out_dir.mkdir(parents=True, exist_ok=True)
     if resume:
         load_checkpoint(config, out_dir)  # fail before starting any process
