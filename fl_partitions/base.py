@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from fl_partitions._alloc import group_order
+from fl_partitions._alloc import OwnerArray, group_order
 from fl_partitions._limits import MAX_CELLS, MAX_CLASSES, MAX_CLIENTS, check_int_range
 from fl_partitions._rng import SeedLike, as_generator, check_fractions, seed_int
 from fl_partitions.partition import DEFAULT_SPLIT, Partition
@@ -98,8 +98,11 @@ class Partitioner(ABC):
     @abstractmethod
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
-    ) -> IntArray:
-        """Client id of every sample in ``labels`` (``labels`` are the kept samples only)."""
+    ) -> OwnerArray:
+        """Client id of every sample in ``labels`` (``labels`` are the kept samples only).
+
+        Any integer dtype; the built-ins use the narrowest unsigned one that holds the ids.
+        """
 
     def noise_std(self, num_clients: int) -> NDArray[np.float64]:
         """Per-client standard deviation of Gaussian input noise (zeros: no feature skew)."""
@@ -158,18 +161,40 @@ class Partitioner(ABC):
             raise ValueError(
                 f"num_clients must be at most the number of samples ({len(kept)}), got {num_clients}"
             )
-        owner = self.assign(labels_arr[kept], num_clients, num_classes, rng)
+        # Keeping every sample (all but resampling schemes) needs no gather through ``kept``:
+        # at 10^7 samples each such gather is a quarter of a second of random reads.
+        keeps_all = _is_identity(kept, len(labels_arr))
+        kept_labels = labels_arr if keeps_all else labels_arr[kept]
+        owner = self.assign(kept_labels, num_clients, num_classes, rng)
         # Group kept samples by client; the stable sort leaves each client's indices in
         # ascending order, a canonical form (``assign`` already chose them at random).
         order = group_order(owner, num_clients)
-        sizes = np.bincount(owner, minlength=num_clients)
-        client_indices = np.split(kept[order], np.cumsum(sizes)[:-1])
+        flat = order if keeps_all else kept[order]
+        # Class counts from the owners in sample order: a sequential pass, not a gather.
+        cell = owner.astype(np.int64)
+        cell *= num_classes
+        cell += kept_labels
+        counts = np.bincount(cell, minlength=num_clients * num_classes).reshape(
+            num_clients, num_classes
+        )
+        del cell
         return Partition.build(
-            client_indices=client_indices,
+            client_indices=np.split(flat, np.cumsum(counts.sum(axis=1))[:-1]),
             labels=labels_arr,
             num_classes=num_classes,
             seed=base_seed,
             spec=self.spec(),
             noise_std=self.noise_std(num_clients),
             split=fractions,
+            class_counts=counts,
         )
+
+
+def _is_identity(kept: IntArray, n: int) -> bool:
+    """Whether ``kept`` is ``0, 1, ..., n - 1`` (n strictly increasing ints in [0, n))."""
+    return (
+        len(kept) == n
+        and int(kept[0]) == 0
+        and int(kept[-1]) == n - 1
+        and bool(np.all(kept[1:] > kept[:-1]))
+    )

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fl_partitions._alloc import class_positions
+from fl_partitions._alloc import OwnerArray, class_positions
 from fl_partitions._limits import MAX_CLASSES
 from fl_partitions._rng import check_positive_float, check_positive_int
 from fl_partitions.base import IntArray, Partitioner
@@ -195,5 +195,5 @@ class GlobalImbalance(Partitioner):
 
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
-    ) -> IntArray:
+    ) -> OwnerArray:
         return (self.then or IID()).assign(labels, num_clients, num_classes, rng)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fl_partitions._alloc import assign_counts, even_counts
+from fl_partitions._alloc import OwnerArray, assign_counts, even_counts, owners
 from fl_partitions.base import IntArray, Partitioner
 
 
@@ -18,8 +18,8 @@ class IID(Partitioner):
 
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
-    ) -> IntArray:
-        owner = np.empty(len(labels), dtype=np.int64)
+    ) -> OwnerArray:
+        owner = owners(len(labels), num_clients)
         clients = np.arange(num_clients)
         assign_counts(
             owner, np.arange(len(labels)), clients, even_counts(len(labels), num_clients), rng

@@ -23,7 +23,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from fl_partitions._alloc import assign_counts, class_positions, counts_from_proportions, top_up
+from fl_partitions._alloc import (
+    OwnerArray,
+    assign_counts,
+    class_positions,
+    counts_from_proportions,
+    owners,
+    top_up,
+)
 from fl_partitions._limits import MAX_TRIES, check_int_range, redraw_limit
 from fl_partitions._rng import check_positive_float, check_positive_int
 from fl_partitions.base import IntArray, Partitioner
@@ -68,7 +75,7 @@ class LabelDirichlet(Partitioner):
 
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
-    ) -> IntArray:
+    ) -> OwnerArray:
         if num_clients * self.min_size > len(labels):
             raise ValueError(
                 f"min_size={self.min_size} cannot be met: {num_clients} clients x {self.min_size} "
@@ -79,11 +86,13 @@ class LabelDirichlet(Partitioner):
         tries = redraw_limit(self.max_tries, int(np.count_nonzero(class_sizes)), num_clients)
         for _ in range(tries):
             counts = dirichlet_label_counts(class_sizes, num_clients, self.beta, rng)
-            if counts.sum(axis=0).min() >= self.min_size:
+            met = counts.sum(axis=0).min() >= self.min_size
+            if met:
                 break
-        owner = np.empty(len(labels), dtype=np.int64)
+        owner = owners(len(labels), num_clients)
         clients = np.arange(num_clients)
         for positions, row in zip(by_class, counts, strict=True):
             assign_counts(owner, positions, clients, row, rng)
-        top_up(owner, num_clients, self.min_size, rng)
+        if not met:  # top_up draws nothing when every client has min_size: skip its pass
+            top_up(owner, num_clients, self.min_size, rng)
         return owner

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fl_partitions._alloc import assign_counts, class_positions, even_counts
+from fl_partitions._alloc import OwnerArray, assign_counts, class_positions, even_counts, owners
 from fl_partitions._limits import MAX_CLASSES, check_int_range
 from fl_partitions.base import IntArray, Partitioner
 
@@ -59,7 +59,7 @@ class LabelQuantity(Partitioner):
 
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
-    ) -> IntArray:
+    ) -> OwnerArray:
         if self.k > num_classes:
             raise ValueError(f"k must be between 1 and num_classes={num_classes}, got {self.k}")
         if self.k * num_clients < num_classes:
@@ -68,7 +68,7 @@ class LabelQuantity(Partitioner):
                 f"classes would belong to no client; raise k or num_clients"
             )
         holders = class_holders(class_sets(num_clients, num_classes, self.k, rng), num_classes)
-        owner = np.empty(len(labels), dtype=np.int64)
+        owner = owners(len(labels), num_clients)
         for positions, who in zip(class_positions(labels, num_classes), holders, strict=True):
             if len(positions) == 0:
                 continue

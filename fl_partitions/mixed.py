@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fl_partitions._alloc import OwnerArray
 from fl_partitions.base import KINDS, IntArray, Partitioner
 from fl_partitions.iid import IID
 
@@ -95,7 +96,7 @@ class Mixed(Partitioner):
 
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
-    ) -> IntArray:
+    ) -> OwnerArray:
         return self._by_kind.get("split", IID()).assign(labels, num_clients, num_classes, rng)
 
     def noise_std(self, num_clients: int) -> NDArray[np.float64]:

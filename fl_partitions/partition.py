@@ -51,22 +51,26 @@ def local_splits(
     Sizes are rounded per part (val and test) and train takes the rest, so a client with one
     sample trains on it. One sub-stream of ``seed`` shuffles the clients in order: one
     generator for all clients, since building one per client costs more than the split.
+    The parts are views into one array of all clients' shuffled indices.
     """
-    rng = derived_generator(seed, _SPLIT_STREAM)
+    if not client_indices:
+        return []
+    sizes = np.fromiter((len(ix) for ix in client_indices), np.int64, len(client_indices))
+    # numpy rounds half to even, as Python's round(): the sizes of the per-client formula
+    # round(n * f), computed for every client at once.
+    n_val = np.round(sizes * float(fractions[1])).astype(np.int64)
+    n_test = np.minimum(np.round(sizes * float(fractions[2])).astype(np.int64), sizes - n_val)
+    train_end = sizes - n_val - n_test
+    val_end = sizes - n_test
+    flat = np.concatenate(client_indices).astype(np.int64, copy=False)
+    # Shuffling a client's slice in place draws exactly what rng.permutation(n) draws.
+    shuffle = derived_generator(seed, _SPLIT_STREAM).shuffle
     out = []
-    for indices in client_indices:
-        n = len(indices)
-        shuffled = indices[rng.permutation(n)]
-        n_val = int(round(n * fractions[1]))
-        n_test = min(int(round(n * fractions[2])), n - n_val)
-        n_train = n - n_val - n_test
-        out.append(
-            {
-                "train": shuffled[:n_train],
-                "val": shuffled[n_train : n_train + n_val],
-                "test": shuffled[n_train + n_val :],
-            }
-        )
+    for shuffled, a, b in zip(
+        np.split(flat, np.cumsum(sizes)[:-1]), train_end.tolist(), val_end.tolist(), strict=True
+    ):
+        shuffle(shuffled)
+        out.append({"train": shuffled[:a], "val": shuffled[a:b], "test": shuffled[b:]})
     return out
 
 
@@ -105,12 +109,15 @@ class Partition:
         spec: dict[str, Any],
         noise_std: NDArray[np.float64],
         split: Sequence[float] = DEFAULT_SPLIT,
+        class_counts: IntArray | None = None,
     ) -> Partition:
-        """Assemble a partition, computing class counts and local splits."""
+        """Assemble a partition, computing local splits and (unless given) class counts."""
         client_indices = [np.asarray(ix, dtype=np.int64) for ix in client_indices]
+        if class_counts is None:
+            class_counts = class_count_matrix(labels, client_indices, num_classes)
         return cls(
             client_indices=client_indices,
-            class_counts=class_count_matrix(labels, client_indices, num_classes),
+            class_counts=np.asarray(class_counts, dtype=np.int64),
             noise_std=np.asarray(noise_std, dtype=np.float64),
             splits=local_splits(client_indices, split, seed),
             num_samples=len(labels),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fl_partitions._alloc import assign_counts, counts_from_proportions
+from fl_partitions._alloc import OwnerArray, assign_counts, counts_from_proportions, owners
 from fl_partitions._limits import MAX_TRIES, check_int_range, redraw_limit
 from fl_partitions._rng import check_positive_float, check_positive_int
 from fl_partitions.base import IntArray, Partitioner
@@ -34,7 +34,7 @@ class QuantityDirichlet(Partitioner):
 
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
-    ) -> IntArray:
+    ) -> OwnerArray:
         n = len(labels)
         if num_clients * self.min_size > n:
             raise ValueError(
@@ -49,6 +49,6 @@ class QuantityDirichlet(Partitioner):
         else:
             rest = n - num_clients * self.min_size
             counts = self.min_size + counts_from_proportions(q, rest)
-        owner = np.empty(n, dtype=np.int64)
+        owner = owners(n, num_clients)
         assign_counts(owner, np.arange(n), np.arange(num_clients), counts, rng)
         return owner

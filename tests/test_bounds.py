@@ -13,6 +13,7 @@ Three kinds of check, none of them a stopwatch:
 
 from __future__ import annotations
 
+import hashlib
 import re
 import warnings
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from fl_partitions._limits import (
     REDRAW_BUDGET,
     redraw_limit,
 )
+from fl_partitions.partition import Partition
 
 N = 1_000_000  # the largest label count issue #16 promises bounded time for
 HANG_GUARD = pytest.mark.timeout(120)  # a hang is minutes; each case takes seconds
@@ -370,3 +372,49 @@ def test_worst_inputs_return_a_valid_partition(
     assert p.num_clients == clients
     assert np.all(np.isfinite(p.noise_std)) and np.all(p.noise_std >= 0)
     assert p.class_counts.sum() == len(got)
+
+
+# -- the faster steps give the same samples ---------------------------------------------------
+def digest(p: Partition) -> str:
+    h = hashlib.sha256()
+    for ix, split in zip(p.client_indices, p.splits, strict=True):
+        h.update(np.asarray(ix, np.int64).tobytes())
+        for part in ("train", "val", "test"):
+            h.update(np.asarray(split[part], np.int64).tobytes())
+    h.update(np.asarray(p.class_counts, np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+@HANG_GUARD
+@pytest.mark.parametrize(
+    ("spec", "n", "classes", "clients", "expected"),
+    [
+        ("label_dirichlet", N, 10, 1000, "329772f65c0de54a"),  # perf-partition's 10^6 case
+        ("label_dirichlet", 20_000, 10, 100, "dd06a658468003e5"),
+        ({"name": "label_dirichlet", "beta": 0.1}, 20_000, 10, 500, "d550347809c1bd30"),
+        ("quantity_dirichlet", 20_000, 10, 100, "6cff1a394c85ae29"),
+        ("label_quantity", 20_000, 10, 100, "b19242f3140f6059"),
+        ({"name": "label_quantity", "k": 5}, 20_000, 62, 30, "737401a77689d69f"),
+        ("iid", 20_000, 10, 100, "fc6958cd9a5adfdc"),
+        ("global_imbalance", 20_000, 10, 100, "0ce94ffab3cf1d8e"),
+        ("mixed", 20_000, 10, 100, "dd06a658468003e5"),
+    ],
+    ids=[
+        "label_dirichlet-1e6",
+        "label_dirichlet",
+        "label_dirichlet-beta-0.1",
+        "quantity_dirichlet",
+        "label_quantity",
+        "label_quantity-k5-62-classes",
+        "iid",
+        "global_imbalance",
+        "mixed",
+    ],
+)
+def test_a_seed_gives_the_samples_it_gave_before_the_speedups(
+    spec: Any, n: int, classes: int, clients: int, expected: str
+) -> None:
+    # Digests of client indices, local splits and class counts made by commit 4e4ad6c (before
+    # the batched draws, in-place shuffles and uint16 owners): same seed, same partition.
+    labels = np.random.default_rng(0).integers(0, classes, n)
+    assert digest(make_partitioner(spec).partition(labels, clients, seed=0)) == expected
