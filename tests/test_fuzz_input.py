@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fl_adapters.cli import main
@@ -45,6 +45,10 @@ anything = st.one_of(
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(key=st.sampled_from([*FIELDS, "unknown_key"]), value=anything)
+# Finds, pinned (a9a1f11: data_dir was not validated).
+@example(key="data_dir", value=5)
+@example(key="data_dir", value="")
+@example(key="data_dir", value=[1])
 def test_any_value_of_any_field_is_accepted_or_named(key: str, value: Any) -> None:
     try:
         RunConfig.from_dict({**BASE, key: value})
@@ -93,6 +97,14 @@ cli_cases = st.one_of(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(case=cli_cases)
+# Finds, pinned: an unvalidated data_dir (a9a1f11); redraw loops and mediator chains without a
+# ceiling (#16); a zipf exponent that overflowed (df04c30).
+@example(case=("field", "data_dir", 5))
+@example(case=("partition", ("label_dirichlet", "max_tries"), 1_000_000))
+@example(case=("partition", ("quantity_dirichlet", "max_tries"), 1_000_000))
+@example(case=("partition", ("global_imbalance", "exponent"), 1e308))
+@example(case=("aggregator_args", ("astraea", "mediator_epochs"), 10**12))
+@example(case=("aggregator_args", ("astraea", "tau_d"), 5e-324))
 def test_cli_run_check_exits_0_or_2_naming_the_field(case: Any, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     kind, where, value = case
     doc = {**BASE, "partition": dict(BASE["partition"])}
@@ -143,6 +155,35 @@ def test_cli_check_finds_what_only_the_data_reveals(
     classes=st.integers(1, 12),
     n=st.integers(1, 600),
     seed=st.integers(0, 2**31),
+)
+# Finds, pinned. #16: max_tries 10^6 on 420 labels / 40 clients redrew for > 30 s (now refused;
+# 1000, the ceiling, must still return), and its quantity_dirichlet twin.
+@example(
+    case=("label_dirichlet", "max_tries"), value=1_000_000, clients=40, classes=12, n=420, seed=0
+)
+@example(case=("label_dirichlet", "max_tries"), value=1000, clients=40, classes=12, n=420, seed=0)
+@example(
+    case=("quantity_dirichlet", "max_tries"), value=1_000_000, clients=40, classes=12, n=420, seed=0
+)
+@example(
+    case=("quantity_dirichlet", "max_tries"), value=1000, clients=40, classes=12, n=420, seed=0
+)
+# df04c30: a huge zipf exponent overflowed in (r + 1) ** exponent.
+@example(case=("global_imbalance", "exponent"), value=1e308, clients=3, classes=12, n=600, seed=0)
+@example(case=("global_imbalance", "exponent"), value=10**12, clients=1, classes=5, n=100, seed=0)
+# #16: sigma near the float maximum made the last clients' noise std inf.
+@example(
+    case=("feature_noise", "sigma"),
+    value=1.7976931348623157e308,
+    clients=40,
+    classes=2,
+    n=600,
+    seed=0,
+)
+# #16: ceilings on work (a huge k, a cap far above the data).
+@example(case=("label_quantity", "k"), value=10**12, clients=4, classes=3, n=50, seed=0)
+@example(
+    case=("global_imbalance", "max_samples"), value=10**12, clients=2, classes=4, n=100, seed=0
 )
 def test_random_partition_parameters_cover_exactly_or_fail_clearly(
     case: tuple[str, str], value: Any, clients: int, classes: int, n: int, seed: int
