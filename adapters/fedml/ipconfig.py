@@ -5,8 +5,9 @@ FedML reads ``comm_args: {backend: GRPC, grpc_ipconfig_path: FILE}``, a CSV whos
 silos). Each process is started on its own (``python main.py --cf CFG --rank R --role
 server|client``), binds its row's address and sends to the others' rows. FedML itself checks
 none of it: a missing silo leaves the server waiting forever, a row for a rank it never
-contacts is ignored, and gRPC binds with ``SO_REUSEPORT``, so a second server on a port that
-is already in use starts without an error and receives half the messages. :func:`check_grpc`
+contacts is ignored, and gRPC binds with ``SO_REUSEPORT``, so a second process binds a port
+that is already in use without an error (seen with grpcio 1.59) and the kernel shares the
+incoming connections between the two. :func:`check_grpc`
 (run by the adapter in ``fedml.init()``, before round 1 and before FedML binds) turns each of
 these into an error that names the file.
 """
@@ -55,7 +56,7 @@ def read_ipconfig(path: str | Path) -> dict[int, tuple[str, int]]:
             raise ValueError(f"{path} line {line}: rank {rank} is listed twice")
         if not 0 < port < 65536:
             raise ValueError(f"{path} line {line}: grpc_server_port must be 1..65535, got {port}")
-        out[rank] = (str(row["grpc_server_ip"]).strip(), port)
+        out[rank] = (str(row["grpc_server_ip"]), port)
     return out
 
 
