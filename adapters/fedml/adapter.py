@@ -247,7 +247,9 @@ def _wrapper(original: Any, host: str, replacement: Any) -> Any:
 
 def _sp_client_train(self: Any, original: Any, w_global: Any) -> Any:
     if "astraea" in STATE:
-        return STATE["astraea"].train_slot(self, w_global)
+        # FedML's w_global aliases the shared model, which the previous mediator has trained:
+        # every mediator starts from the round's global model, saved before any training.
+        return STATE["astraea"].train_slot(self, copy.deepcopy(STATE["round_global"]))
     return train_with_validation(
         self.model_trainer,
         w_global,
@@ -291,7 +293,7 @@ def _dist_train(self: Any, original: Any, round_idx: Any = None) -> Any:
 
     silos = STATE.setdefault("silo_data", SiloClientData(STATE["seed"]))
     data, n = silos.get(int(self.client_index), self.train_local, rad)
-    round_number = int(round_idx or 0) + 1  # FedML counts from 0, the sp loop from 1
+    round_number = STATE.get("astraea_round") or int(round_idx or 0) + 1  # the server's
     with seeded_training(STATE["seed"], int(self.client_index), round_number, 0):
         params = train_with_validation(
             self.trainer, None, data, int(self.client_index), self.device, self.args
@@ -302,9 +304,9 @@ def _dist_train(self: Any, original: Any, round_idx: Any = None) -> Any:
 def _silo_update_model(self: Any, original: Any, weights: Any) -> Any:
     from fl_adapters.fedml.astraea import take_rad
 
-    clean, rad = take_rad(weights)
+    clean, rad, round_number = take_rad(weights)
     if rad is not None:
-        STATE["rad"] = rad
+        STATE["rad"], STATE["astraea_round"] = rad, round_number
     return original(self, clean)
 
 
@@ -331,7 +333,7 @@ def _silo_send_init(self: Any, original: Any) -> Any:
 
     astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
     STATE["planned_round"] = "init"
-    params = with_rad(self.aggregator.get_global_model_params(), astraea.planner.rad)
+    params = with_rad(self.aggregator.get_global_model_params(), astraea.planner.rad, 1)
     for hop in astraea.first_hops():  # the round's model goes to each mediator's first silo
         self.send_message_init_config(hop.owner, params, hop.clients[0], None, None)
     return None
@@ -353,7 +355,9 @@ def _silo_receive(self: Any, original: Any, msg_params: Any) -> Any:
         STATE["forwarding"] = True
         try:
             self.send_message_sync_model_to_client(
-                nxt.owner, with_rad(params, astraea.planner.rad), nxt.clients[0]
+                nxt.owner,
+                with_rad(params, astraea.planner.rad, self.args.round_idx + 1),
+                nxt.clients[0],
             )
         finally:
             STATE["forwarding"] = False
@@ -384,7 +388,9 @@ def _silo_send_sync(
         STATE["planned_round"] = self.args.round_idx
     if int(receive_id) not in astraea.first_receivers():
         return None, None
-    return original(self, receive_id, with_rad(params, astraea.planner.rad), client_index, *a, **kw)
+    # FedML sends the next round's model before it counts the round it has just finished.
+    params = with_rad(params, astraea.planner.rad, self.args.round_idx + 2)
+    return original(self, receive_id, params, client_index, *a, **kw)
 
 
 def _silo_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
@@ -420,7 +426,7 @@ def _mpi_send_init(self: Any, original: Any) -> Any:
         self.args.round_idx, self.args.client_num_in_total, self.args.client_num_per_round
     )
     astraea = _mpi_plan(self)
-    params = with_rad(self.aggregator.get_global_model_params(), astraea.planner.rad)
+    params = with_rad(self.aggregator.get_global_model_params(), astraea.planner.rad, 1)
     for hop in astraea.first_hops():  # the round's model goes to each mediator's first worker
         self.send_message_init_config(hop.owner, params, hop.clients[0])
     return None
@@ -439,7 +445,7 @@ def _mpi_receive(self: Any, original: Any, msg_params: Any) -> Any:
     n = int(msg_params.get(MyMessage.MSG_ARG_KEY_NUM_SAMPLES))
     nxt = astraea.received(sender, params, n)
     if nxt is not None:  # the server plays the mediator: pass the model on
-        relayed = with_rad(params, astraea.planner.rad)
+        relayed = with_rad(params, astraea.planner.rad, self.args.round_idx + 1)
         if self.args.round_idx == 0:  # a worker's first message must be FedML's init
             self.send_message_init_config(nxt.owner, relayed, nxt.clients[0])
         else:
@@ -469,7 +475,9 @@ def _mpi_send_sync(
     astraea = _mpi_plan(self)
     if int(receive_id) not in astraea.first_receivers():
         return None
-    return original(self, receive_id, with_rad(params, astraea.planner.rad), client_index)
+    # FedML has counted the finished round before sending the next one's model.
+    params = with_rad(params, astraea.planner.rad, self.args.round_idx + 1)
+    return original(self, receive_id, params, client_index)
 
 
 def _mpi_aggregate(self: Any, original: Any) -> Any:

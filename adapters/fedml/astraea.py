@@ -45,7 +45,7 @@ from fl_adapters.astraea import (
     rebalance_client,
     run_mediator,
 )
-from fl_adapters.fedml.payload import KEY_RAD, attach, strip
+from fl_adapters.fedml.payload import KEY_RAD, KEY_ROUND, attach, strip
 from fl_aggregators.astraea import Astraea
 
 log = logging.getLogger(__name__)
@@ -139,20 +139,22 @@ class SpAstraea:
 
 
 # -- MPI cross-silo: the server relays each mediator's model from one silo to the next ---------
-def with_rad(params: Any, rad: Any) -> OrderedDict[str, Any]:
-    """Clean ``params`` plus the rebalancing ratios, for a cross-silo downlink."""
+def with_rad(params: Any, rad: Any, round_number: int) -> OrderedDict[str, Any]:
+    """Clean ``params`` plus the rebalancing ratios and the round, for an MPI downlink."""
     clean, _, _ = strip(params)
     clean[KEY_RAD] = torch.as_tensor(rad, dtype=torch.float64)
+    clean[KEY_ROUND] = torch.tensor(int(round_number), dtype=torch.int64)
     return clean
 
 
-def take_rad(params: Any) -> tuple[Any, Any]:
-    """``(params without reserved keys, rad or None)`` from a cross-silo downlink."""
+def take_rad(params: Any) -> tuple[Any, Any, int | None]:
+    """``(params without reserved keys, rad or None, round or None)`` from an MPI downlink."""
     if not isinstance(params, dict) or KEY_RAD not in params:
-        return params, None
+        return params, None, None
     rad = params[KEY_RAD].double().numpy()
+    rnd = params.get(KEY_ROUND)
     clean, _, _ = strip(params)
-    return clean, rad
+    return clean, rad, None if rnd is None else int(rnd)
 
 
 class SiloClientData:
