@@ -299,6 +299,8 @@ class MediatorRelay:
             raise ValueError(f"mediator_epochs must be >= 1, got {mediator_epochs}")
         owner_of = owner if owner is not None else (lambda c: c)
         self.mediators = [[int(c) for c in g] for g in mediators]
+        if any(not g for g in self.mediators):
+            raise ValueError(f"every mediator needs at least one member, got {self.mediators}")
         self.hops: list[list[Hop]] = []
         for m, members in enumerate(self.mediators):
             hops: list[Hop] = []
@@ -318,7 +320,7 @@ class MediatorRelay:
 
     def start(self) -> list[Hop]:
         """Every mediator's first hop (they run side by side; each starts from the global model)."""
-        return [hops[0] for hops in self.hops if hops]
+        return [hops[0] for hops in self.hops]
 
     def expected(self, mediator: int) -> Hop:
         """The hop ``mediator`` is waiting for."""
@@ -340,7 +342,7 @@ class MediatorRelay:
         return None
 
     def done(self) -> bool:
-        return len(self.params) == sum(1 for hops in self.hops if hops)
+        return len(self.params) == len(self.hops)
 
     def results(self) -> list[tuple[Any, int]]:
         """``(params, n_m)`` per mediator, in mediator order."""

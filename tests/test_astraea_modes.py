@@ -1,0 +1,329 @@
+"""Astraea in every deployment mode: one relay, one behaviour.
+
+The mediator relay (:class:`~fl_adapters.astraea.MediatorRelay`) is tested on its own; then
+real runs of each host in each mode — FedLab standalone and cross-process (``DistNetwork``
+over gloo on 127.0.0.1, both ``fedbalance run`` and stock scripts), FedML sp, MPI simulation
+and MPI cross-silo (``mpirun``) — must give the same plan, mediators, record fields and, to
+float-order tolerance, the same models for one config and seed. Faults: a client process that
+dies in a mediator chain stops the run, and a wrong process count is an error before round 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from helpers import digits_run, records
+
+from fl_adapters.astraea import MediatorRelay, run_mediator
+
+HOSTS = Path(__file__).parent / "hosts"
+EXAMPLE = Path(__file__).resolve().parents[1] / "benchmarks" / "fedml_example"
+PARTITION = {
+    "name": "global_imbalance",
+    "profile": "zipf",
+    "exponent": 1.2,
+    "then": {"name": "label_dirichlet", "beta": 0.5},
+}
+#: What every mode must record identically.
+SAME = ("round", "clients", "num_samples", "weights", "mediators", "kl", "bytes")
+
+
+def port() -> int:
+    return 30000 + os.getpid() % 2000
+
+
+# -- the relay ------------------------------------------------------------------------------------
+def test_relay_groups_consecutive_members_of_one_owner_within_a_pass() -> None:
+    owner = {4: "a", 1: "a", 7: "b", 2: "a"}.__getitem__
+    relay = MediatorRelay([[4, 1, 7, 2]], mediator_epochs=2, owner=owner)
+    hops = relay.hops[0]
+    # Members 4 and 1 share an owner: one hop. The pass boundary (2 then 4, both "a") is not
+    # merged, so each hop belongs to one pass.
+    assert [(h.clients, h.owner, h.epoch) for h in hops] == [
+        ((4, 1), "a", 0),
+        ((7,), "b", 0),
+        ((2,), "a", 0),
+        ((4, 1), "a", 1),
+        ((7,), "b", 1),
+        ((2,), "a", 1),
+    ]
+    params = "w"
+    hop = relay.start()[0]
+    while hop is not None:
+        params += "".join(map(str, hop.clients))
+        hop = relay.received(0, params, 10 * len(hop.clients))
+    assert relay.results() == [("w41724172", 40)]  # each member's samples once
+    assert [c for _, c in relay.trace] == [4, 1, 7, 2, 4, 1, 7, 2]
+
+
+def test_relay_runs_mediators_side_by_side_and_refuses_a_stray_update() -> None:
+    relay = MediatorRelay([[0, 1], [2]], mediator_epochs=1)
+    assert [h.clients for h in relay.start()] == [(0,), (2,)]
+    assert relay.received(1, "m1", 5) is None
+    with pytest.raises(ValueError, match="no hop of mediator 1 is outstanding"):
+        relay.received(1, "again", 5)
+    with pytest.raises(RuntimeError, match="1 of 2 mediators have finished"):
+        relay.results()
+    assert relay.received(0, "m0a", 3) is not None and relay.received(0, "m0", 4) is None
+    assert relay.done() and relay.results() == [("m0", 7), ("m1", 5)]
+    with pytest.raises(ValueError, match="at least one member"):
+        MediatorRelay([[0], []], mediator_epochs=1)
+
+
+def test_run_mediator_is_the_relay_in_one_process() -> None:
+    result = run_mediator([3, 1], "w", lambda c, p: (p + str(c), c + 1), mediator_epochs=3)
+    assert result.params == "w313131" and result.num_samples == 4 + 2
+    assert result.trace == [3, 1, 3, 1, 3, 1]
+
+
+# -- wrong process counts: errors before round 1 ---------------------------------------------------
+fedlab = pytest.importorskip("fedlab")
+
+
+def astraea_config(**overrides: Any):
+    base = dict(
+        aggregator="astraea",
+        aggregator_args={"gamma": 2, "tau_d": 2.0, "mediator_epochs": 2},
+        partition=PARTITION,
+        num_clients=8,
+        clients_per_round=5,
+        rounds=2,
+        seed=5,
+        port=port(),
+    )
+    return digits_run(base, overrides)
+
+
+@pytest.mark.parametrize("processes", [0, 9], ids=["none", "more-than-clients"])
+def test_fedlab_cross_process_refuses_a_process_count_it_cannot_fill(
+    processes: int, tmp_path: Path
+) -> None:
+    from fl_adapters.fedlab.runner import run_distributed
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=rf"between 1 and num_clients=8 .* got {processes}"):
+        run_distributed(astraea_config(framework="fedlab-distributed"), tmp_path, processes)
+    assert time.monotonic() - started < 5 and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_fedml_mpi_simulation_astraea_needs_client_num_per_round_plus_one() -> None:
+    pytest.importorskip("fedml")
+    from fl_adapters.fedml.adapter import validate
+
+    args = SimpleNamespace(
+        aggregator="astraea",
+        aggregator_args={},
+        training_type="simulation",
+        backend="MPI",
+        comm=SimpleNamespace(Get_size=lambda: 3),
+        client_num_per_round=3,
+    )
+    with pytest.raises(ValueError, match=r"client_num_per_round \+ 1 = 4 .* mpirun started 3"):
+        validate(args)
+    args.comm = SimpleNamespace(Get_size=lambda: 4)
+    validate(args)  # the right count: accepted
+
+
+# -- FedLab: standalone vs cross-process ----------------------------------------------------------
+def same_fields(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert {k: x[k] for k in SAME} == {k: y[k] for k in SAME}
+        assert x["digest"] == pytest.approx(y["digest"], rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_fedlab_cross_process_astraea_matches_standalone(tmp_path: Path, monkeypatch) -> None:
+    import torch
+
+    from fl_adapters.checkpoint import Checkpoint
+    from fl_adapters.fedlab.runner import run_distributed, run_standalone
+
+    monkeypatch.setenv("FEDBALANCE_RECORD", str(tmp_path / "sa.jsonl"))
+    run_standalone(astraea_config(), tmp_path / "sa", progress=False)
+    monkeypatch.setenv("FEDBALANCE_RECORD", str(tmp_path / "dist.jsonl"))
+    summary = run_distributed(
+        astraea_config(framework="fedlab-distributed"), tmp_path / "dist", 2, timeout=300
+    )
+    sa, dist = records(tmp_path / "sa.jsonl"), records(tmp_path / "dist.jsonl")
+    assert [r["round"] for r in dist] == [1, 2] and {r["host"] for r in dist} == {
+        "fedlab-distributed"
+    }
+    same_fields(sa, dist)
+    for r in dist:  # 5 clients, gamma 2: three mediators, two passes each
+        assert len(r["mediators"]) == 3 and r["bytes"]["mediator_clients"] > 0
+    a = Checkpoint.load(tmp_path / "sa" / "checkpoint.pt")
+    b = Checkpoint.load(tmp_path / "dist" / "checkpoint.pt")
+    assert a.plan == b.plan and a.participations == b.participations
+    assert float((a.model - b.model).abs().max()) < 1e-4
+    # Cross-process rows carry the measured traffic of the relay, every hop through the server.
+    rows = records(tmp_path / "dist" / "metrics.jsonl")
+    assert all(r["bytes_down"] > 0 and r["bytes_up"] > 0 and r["mediators"] for r in rows)
+    assert summary["astraea"]["augment"] and summary["rounds"] == 2
+    assert torch.isfinite(b.model).all()
+
+
+@pytest.mark.slow
+def test_stock_fedlab_distnetwork_scripts_run_astraea_by_environment(tmp_path: Path) -> None:
+    world, rounds, p = 3, 3, str(port() + 7)
+    base = {
+        **os.environ,
+        "FEDBALANCE_AGGREGATOR": "astraea",
+        "FEDBALANCE_AGGREGATOR_ARGS": '{"gamma": 2, "tau_d": 2.0}',
+        "PYTHONPATH": os.pathsep.join([str(HOSTS), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    env = {**base, "FEDBALANCE_RECORD": str(tmp_path / "dist.jsonl")}
+    py = sys.executable
+    procs = [
+        subprocess.Popen(
+            [py, str(HOSTS / "fedlab_stock_server.py"), p, str(world), str(rounds)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    ]
+    procs += [
+        subprocess.Popen(
+            [py, str(HOSTS / "fedlab_stock_client.py"), p, str(world), str(r)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(1, world)
+    ]
+    try:
+        outs = [proc.communicate(timeout=240) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0] * world, outs[0][1][-3000:]
+    assert "CHECKSUM" in outs[0][0]
+    standalone = subprocess.run(
+        [py, str(HOSTS / "fedlab_stock_standalone.py"), str(rounds)],
+        env={**base, "FEDBALANCE_RECORD": str(tmp_path / "sa.jsonl")},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert standalone.returncode == 0, standalone.stderr[-2000:]
+    dist, sa = records(tmp_path / "dist.jsonl"), records(tmp_path / "sa.jsonl")
+    assert [r["round"] for r in dist] == [1, 2, 3]
+    # The stock scripts seed FedLab's sampler alike; the clients report the same counts, so the
+    # plan and the mediators are the standalone's (stock training shuffles with torch's global
+    # RNG, so the models are not compared).
+    for x, y in zip(sa, dist, strict=True):
+        assert {k: x[k] for k in SAME} == {k: y[k] for k in SAME}
+        assert [len(g) for g in y["mediators"]] == [2, 1]
+
+
+# -- FedML: sp vs MPI simulation vs MPI cross-silo ------------------------------------------------
+def fedml_yaml(tmp_path: Path, name: str) -> Path:
+    doc = yaml.safe_load((EXAMPLE / name).read_text())
+    doc["data_args"].pop("max_samples", None)
+    doc["data_args"].update(dataset="digits", partition_spec=PARTITION)
+    doc["train_args"].update(
+        aggregator="astraea",
+        aggregator_args={"gamma": 2, "tau_d": 2.0},
+        client_num_in_total=3,
+        client_num_per_round=3,
+        comm_round=2,
+    )
+    if "worker_num" in doc["device_args"]:
+        doc["device_args"]["worker_num"] = 3
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_fedml(tmp_path: Path, name: str) -> list[dict[str, Any]]:
+    rec = tmp_path / f"{name}.jsonl"
+    cmd = [sys.executable, str(EXAMPLE / "main.py"), "--cf", str(fedml_yaml(tmp_path, name))]
+    if name != "sp.yaml":
+        if shutil.which("mpirun") is None:
+            pytest.skip("OpenMPI's mpirun is not installed")
+        mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4"]
+        cmd = [*mpirun, "-x", "FEDBALANCE_RECORD", "-x", "OMP_NUM_THREADS", *cmd]
+    out = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        env={**os.environ, "FEDBALANCE_RECORD": str(rec), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    return records(rec)
+
+
+@pytest.fixture(scope="module")
+def fedml_sp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    pytest.importorskip("fedml")
+    return run_fedml(tmp_path_factory.mktemp("sp"), "sp.yaml")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "host"),
+    [("mpi.yaml", "fedml-mpi"), ("cross_silo.yaml", "fedml-cross-silo")],
+    ids=["mpi-simulation", "cross-silo"],
+)
+def test_fedml_mpi_modes_match_sp(
+    name: str, host: str, fedml_sp: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    got = run_fedml(tmp_path, name)
+    assert [r["round"] for r in got] == [1, 2] and {r["host"] for r in got} == {host}
+    # 3 clients, gamma 2: a mediator of two relayed through two processes, and one alone.
+    assert all(sorted(len(g) for g in r["mediators"]) == [1, 2] for r in got)
+    same_fields(fedml_sp, got)
+
+
+# -- faults ---------------------------------------------------------------------------------------
+def client_pids(config_path: Path, rank: int | None = None) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [
+        int(line.split()[0])
+        for line in out.splitlines()
+        if "fedlab-client" in line
+        and str(config_path) in line
+        and (rank is None or line.rstrip().endswith(f"--rank {rank}"))
+    ]
+
+
+@pytest.mark.slow
+def test_a_client_process_dying_in_a_mediator_chain_stops_the_run(tmp_path: Path) -> None:
+    cfg = astraea_config(framework="fedlab-distributed", rounds=30, port=port() + 11)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    out = tmp_path / "out"
+    cli = [sys.executable, "-m", "fl_adapters.cli", "run", str(path), "--out", str(out)]
+    launcher = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert launcher.poll() is None and time.monotonic() < deadline, "no round finished"
+        time.sleep(0.05)
+    assert len(client_pids(path)) == 2
+    (victim,) = client_pids(path, rank=2)
+    os.kill(victim, signal.SIGKILL)  # while round 2's chains pass through it
+    killed = time.monotonic()
+    _, err = launcher.communicate(timeout=90)
+    assert time.monotonic() - killed < 60
+    assert launcher.returncode == 1
+    line = next(x for x in err.splitlines() if "fedlab-distributed:" in x)
+    rows = records(metrics)
+    assert "client process rank 2 exited with code -9" in line
+    assert f"(round {rows[-1]['round']})" in line and "rerun with --resume" in line
+    assert rows[-1]["round"] < 30 and client_pids(path) == []
