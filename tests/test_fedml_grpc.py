@@ -124,23 +124,26 @@ def test_grpc_astraea_matches_the_mpi_cross_silo_run(tmp_path: Path, started: li
         FEDBALANCE_RECORD=str(grpc_dir / "rec.jsonl"),
         FINAL_MODEL=str(grpc_dir / "final.pt"),
     )
-    finish(procs, grpc_dir)
     env = {
         "FEDBALANCE_RECORD": str(mpi_dir / "rec.jsonl"),
         "FINAL_MODEL": str(mpi_dir / "final.pt"),
         **ONE_THREAD,
     }
     cmd = [sys.executable, str(FINAL_MODEL_HOST), "--cf"]
-    out = subprocess.run(
+    log = open(mpi_dir / "mpirun.log", "w")  # noqa: SIM115 (closed once it has started)
+    # Both runs at once: each idles for seconds (FedML's offline cloud fetch, its final sleep).
+    mpi = subprocess.Popen(
         [*MPIRUN, "-np", "3", *[a for k in env for a in ("-x", k)], *cmd]
         + [str(config(mpi_dir, "cross_silo.yaml", **train_args))],
         cwd=mpi_dir,
         env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    log.close()
+    started.append(mpi)
+    finish(procs, grpc_dir)
+    assert mpi.wait(timeout=300) == 0, (mpi_dir / "mpirun.log").read_text()[-3000:]
     over_grpc, over_mpi = records(grpc_dir / "rec.jsonl"), records(mpi_dir / "rec.jsonl")
     assert [r["round"] for r in over_grpc] == [1, 2]
     for r in over_grpc:
@@ -360,3 +363,22 @@ def test_a_silo_waits_for_the_server_then_gives_up_naming_the_file(tmp_path: Pat
         start = time.monotonic()
         wait_for_server(SimpleNamespace(**(vars(args) | {"grpc_server_wait": 30})), poll=0.1)
         assert 0.4 < time.monotonic() - start < 10
+
+
+def test_a_port_another_grpc_server_holds_counts_as_in_use() -> None:
+    # gRPC binds with SO_REUSEPORT: a second FedML process would share this port silently.
+    from concurrent import futures
+
+    import grpc
+
+    from fl_adapters.fedml.ipconfig import port_problem
+
+    (port,) = free_ports(1)
+    assert port_problem("127.0.0.1", port) is None
+    other = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    assert other.add_insecure_port(f"127.0.0.1:{port}") == port
+    other.start()
+    try:
+        assert "is already in use" in str(port_problem("127.0.0.1", port))
+    finally:
+        other.stop(None)
