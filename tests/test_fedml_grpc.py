@@ -382,3 +382,19 @@ def test_a_port_another_grpc_server_holds_counts_as_in_use() -> None:
         assert "is already in use" in str(port_problem("127.0.0.1", port))
     finally:
         other.stop(None)
+
+
+def test_without_grpcio_the_error_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else real(name, *a)
+    )
+    from fl_adapters.fedml.runner import run_fedml
+
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'fedbalance\[fedml\]'"):
+        run_fedml(RunConfig(framework="fedml-cross-silo", backend="grpc"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing written, nothing started

@@ -102,9 +102,22 @@ def port_problem(ip: str, port: int) -> str | None:
     return None
 
 
+def require_grpcio() -> None:
+    """FedML 0.9.6 does not depend on grpcio; without it FedML fails at its first bind."""
+    import importlib.util
+
+    if importlib.util.find_spec("grpc") is None:
+        raise ModuleNotFoundError(
+            "FedML's gRPC backend needs grpcio, which FedML 0.9.6 does not install: "
+            "pip install 'fedbalance[fedml]' (or 'grpcio>=1.59,<1.60', which works beside "
+            "FedML's protobuf<4)"
+        )
+
+
 def check_grpc(args: Any) -> None:
-    """Before round 1: the ipconfig lists ranks 0..worker_num, this rank among them, and this
-    rank's port is free. Every message names the file."""
+    """Before round 1: grpcio is installed, the ipconfig lists ranks 0..worker_num, this rank
+    among them, and this rank's port is free. Every message about the file names it."""
+    require_grpcio()
     path = getattr(args, "grpc_ipconfig_path", None)
     if not path:
         raise ValueError(

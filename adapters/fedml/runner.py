@@ -116,10 +116,14 @@ def command(config: RunConfig, cfg_path: Path) -> list[str]:
 
 
 def run_fedml(config: RunConfig, out_dir: Path, timeout: float = 3600) -> dict[str, Any]:
+    grpc = config.backend == "grpc"
+    if grpc:
+        from fl_adapters.fedml.ipconfig import require_grpcio
+
+        require_grpcio()  # before anything is written or started
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = out_dir / "fedml.yaml"
-    grpc = config.backend == "grpc"
     ipconfig = out_dir / "grpc_ipconfig.csv"
     if grpc:
         from fl_adapters.fedml.ipconfig import free_ports, write_ipconfig
