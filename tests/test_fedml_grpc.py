@@ -9,6 +9,7 @@ ipconfig file change. Sizes are the other FedML tests' (2,000 Fashion-MNIST samp
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -398,3 +399,25 @@ def test_without_grpcio_the_error_says_how_to_install_it(
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'fedbalance\[fedml\]'"):
         run_fedml(RunConfig(framework="fedml-cross-silo", backend="grpc"), tmp_path / "out")
     assert not (tmp_path / "out").exists()  # nothing written, nothing started
+
+
+@pytest.mark.slow
+def test_a_silo_never_started_stops_the_server_before_round_1(
+    tmp_path: Path, started: list
+) -> None:
+    # One process too few: stock FedML's server would wait for silo 2 forever.
+    cfg = grpc_config(tmp_path)
+    doc = yaml.safe_load(cfg.read_text())
+    doc["comm_args"]["grpc_server_wait"] = 10
+    cfg.write_text(yaml.safe_dump(doc))
+    procs = launch(started, tmp_path, cfg, [0, 1])
+    procs[0].wait(timeout=180)
+    log = (tmp_path / "rank0.log").read_text()
+    assert procs[0].returncode == 1, log[-3000:]
+    ipconfig = tmp_path / "grpc_ipconfig.csv"
+    assert re.search(
+        rf"silo rank\(s\) \[(1, )?2\] of {re.escape(str(ipconfig))} did not come online "
+        r"within 10 s",
+        log,
+    ), log[-3000:]
+    assert "Communication round" not in log and "test_acc" not in log

@@ -401,6 +401,14 @@ def _silo_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
     return original(self, msg_params)
 
 
+def _server_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
+    if str(getattr(self.args, "backend", "")) == "GRPC" and not self.is_initialized:
+        from fl_adapters.fedml.ipconfig import expect_silos
+
+        expect_silos(self)  # FedML's server would wait forever for a silo never started
+    return original(self, msg_params)
+
+
 def _mpi_sampling(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
     sampled = original(self, *a, **kw)
     STATE["mpi_sampled"] = [int(c) for c in sampled]  # the relay plans the round from it
@@ -613,6 +621,13 @@ TARGETS = (
         "handle_message_connection_ready",
         "fedml-cross-silo",
         _silo_connection_ready,
+    ),
+    (
+        "fedml.cross_silo.server.fedml_server_manager",
+        "FedMLServerManager",
+        "handle_message_connection_ready",
+        "fedml-cross-silo",
+        _server_connection_ready,
     ),
 )
 

@@ -17,7 +17,10 @@ from __future__ import annotations
 import csv
 import errno
 import logging
+import os
 import socket
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -193,3 +196,32 @@ def wait_for_server(args: Any, poll: float = 0.5) -> None:
                 log.info("fedbalance: waiting for the FedML server at %s:%d (%s)", ip, port, path)
                 logged = True
             time.sleep(poll)
+
+
+def expect_silos(manager: Any) -> None:
+    """The server's deadline: every silo online within ``grpc_server_wait`` seconds (600).
+
+    FedML's server asks each silo once at its start and otherwise waits for them forever, so a
+    silo never started (one process too few) would hang the run before round 1. After the
+    deadline the server stops, naming the ranks that never reported.
+    """
+    args = manager.args
+    path = args.grpc_ipconfig_path
+    limit = float(getattr(args, "grpc_server_wait", 600) or 600)
+
+    def check() -> None:
+        online = manager.client_online_mapping
+        missing = [int(c) for c in manager.client_real_ids if not online.get(str(c), False)]
+        if missing:
+            message = (
+                f"fedbalance: FedML server: silo rank(s) {missing} of {path} did not come online "
+                f"within {limit:.0f} s; start each with --rank N --role client (or check that "
+                "they can reach this server's address in the file). Stopping before round 1."
+            )
+            log.error(message)
+            print(message, file=sys.stderr, flush=True)
+            os._exit(1)  # FedML's message loop has no way out; nothing has trained yet
+
+    timer = threading.Timer(limit, check)
+    timer.daemon = True
+    timer.start()
