@@ -105,15 +105,23 @@ class Checkpoint:
         return ckpt
 
     def check_config(self, config: dict[str, Any], path: Path) -> None:
-        """Refuse to resume under a different config (``MAY_CHANGE`` fields excepted)."""
+        """Refuse to resume under a different config (``MAY_CHANGE`` fields excepted).
+
+        A field the checkpoint lacks (added to :class:`RunConfig` after it was written) counts
+        as its default, which is what that run used.
+        """
+        from fl_adapters.config import RunConfig
+
+        defaults = RunConfig().to_dict()
+        written = defaults | self.config
         differ = sorted(
             k
             for k in set(config) | set(self.config)
-            if k not in MAY_CHANGE and config.get(k) != self.config.get(k)
+            if k not in MAY_CHANGE and config.get(k) != written.get(k)
         )
         if differ:
             detail = "; ".join(
-                f"{k}: checkpoint {self.config.get(k)!r}, config {config.get(k)!r}" for k in differ
+                f"{k}: checkpoint {written.get(k)!r}, config {config.get(k)!r}" for k in differ
             )
             raise CheckpointError(
                 f"{path} was written by a different run config ({detail}); only "

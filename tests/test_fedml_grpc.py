@@ -420,3 +420,16 @@ def test_a_silo_never_started_stops_the_server_before_round_1(
         log,
     ), log[-3000:]
     assert "Communication round" not in log and "test_acc" not in log
+
+
+def test_a_checkpoint_written_before_the_backend_field_still_resumes(tmp_path: Path) -> None:
+    import torch
+
+    from fl_adapters.checkpoint import Checkpoint, CheckpointError
+
+    config = RunConfig(rounds=3).to_dict()
+    old = {k: v for k, v in config.items() if k != "backend"}  # as written before the field
+    ckpt = Checkpoint(config=old, round=1, model=torch.zeros(1), aggregator={}, participations={})
+    ckpt.check_config(config, tmp_path / "checkpoint.pt")  # backend: mpi, the default: same run
+    with pytest.raises(CheckpointError, match="seed: checkpoint 0, config 1"):
+        ckpt.check_config(config | {"seed": 1}, tmp_path / "checkpoint.pt")
