@@ -224,6 +224,8 @@ def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
         row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")} | {
             "rejected": len(agg["rejected"])
         }
+        if "mediators" in agg:  # Astraea: the round's mediators (silo indexes), as FedLab's rows
+            row.update(mediators=agg["mediators"], mediator_kl=agg["kl"])
         if i < len(accs):
             row["test_accuracy"] = accs[i]
         rows.append(row)
