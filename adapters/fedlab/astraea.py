@@ -1,7 +1,7 @@
-"""Astraea in FedLab's standalone pipeline: a server handler that plans mediators and a serial
-trainer whose units are mediators.
+"""Astraea in FedLab: a server handler that plans mediators, a serial trainer whose units are
+mediators, and the relay that carries mediators across processes.
 
-Each round, in FedLab's own ``StandalonePipeline`` loop:
+Standalone, each round, in FedLab's own ``StandalonePipeline`` loop:
 
 1. :meth:`AstraeaServerHandler.sample_clients` samples clients as FedLab does and groups them
    into mediators (Algorithm 3 on their expected counts after rebalancing);
