@@ -94,9 +94,20 @@ def top_up(owner: OwnerArray, num_clients: int, min_size: int, rng: np.random.Ge
     if need == 0:
         return
     perm = rng.permutation(len(owner))
-    order = perm[group_order(owner[perm], num_clients)]
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    rank = np.arange(len(owner)) - np.repeat(starts, sizes)
-    spare = order[rank >= min_size]
-    taken = rng.choice(spare, size=need, replace=False)
+    # The draw is from the "spare" samples: each client's samples in ``perm`` order, past its
+    # first min_size, listed client after client. Only the ``need`` drawn ones are looked up:
+    # choice() on a count draws what it draws on an array of that length, so this takes the
+    # same samples as building the whole spare list, while sorting only the donors' samples.
+    surplus = np.maximum(sizes - min_size, 0)
+    first = np.concatenate(([0], np.cumsum(surplus)[:-1]))
+    picks = rng.choice(int(surplus.sum()), size=need, replace=False)
+    donor = np.searchsorted(first, picks, side="right") - 1
+    rank = picks - first[donor] + min_size  # the donor's rank-th sample in perm order
+    owner_perm = owner[perm]
+    involved = np.zeros(num_clients, dtype=bool)
+    involved[donor] = True
+    where = np.flatnonzero(involved[owner_perm])  # donors' samples, in perm order
+    by_donor = group_order(owner_perm[where], num_clients)  # stable: perm order within each
+    block = np.concatenate(([0], np.cumsum(np.where(involved, sizes, 0))[:-1]))
+    taken = perm[where[by_donor[block[donor] + rank]]]
     owner[taken] = np.repeat(np.arange(num_clients), deficit)

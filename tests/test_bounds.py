@@ -392,6 +392,13 @@ def digest(p: Partition) -> str:
         ("label_dirichlet", N, 10, 1000, "329772f65c0de54a"),  # perf-partition's 10^6 case
         ("label_dirichlet", 20_000, 10, 100, "dd06a658468003e5"),
         ({"name": "label_dirichlet", "beta": 0.1}, 20_000, 10, 500, "d550347809c1bd30"),
+        (
+            {"name": "label_dirichlet", "beta": 0.01, "min_size": 5, "max_tries": 1},
+            20_000,
+            10,
+            500,
+            "1a81694af7385096",
+        ),
         ("quantity_dirichlet", 20_000, 10, 100, "6cff1a394c85ae29"),
         ("label_quantity", 20_000, 10, 100, "b19242f3140f6059"),
         ({"name": "label_quantity", "k": 5}, 20_000, 62, 30, "737401a77689d69f"),
@@ -402,7 +409,8 @@ def digest(p: Partition) -> str:
     ids=[
         "label_dirichlet-1e6",
         "label_dirichlet",
-        "label_dirichlet-beta-0.1",
+        "label_dirichlet-beta-0.1-tops-up-97-clients",
+        "label_dirichlet-one-try-tops-up-320-clients",
         "quantity_dirichlet",
         "label_quantity",
         "label_quantity-k5-62-classes",
@@ -415,6 +423,7 @@ def test_a_seed_gives_the_samples_it_gave_before_the_speedups(
     spec: Any, n: int, classes: int, clients: int, expected: str
 ) -> None:
     # Digests of client indices, local splits and class counts made by commit 4e4ad6c (before
-    # the batched draws, in-place shuffles and uint16 owners): same seed, same partition.
+    # the batched draws, in-place shuffles, uint16 owners and the donors-only top-up): same
+    # seed, same partition.
     labels = np.random.default_rng(0).integers(0, classes, n)
     assert digest(make_partitioner(spec).partition(labels, clients, seed=0)) == expected
