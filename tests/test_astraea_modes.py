@@ -174,37 +174,28 @@ def test_fedlab_cross_process_astraea_matches_standalone(tmp_path: Path, monkeyp
     assert torch.isfinite(b.model).all()
 
 
-@pytest.mark.slow
-def test_stock_fedlab_distnetwork_scripts_run_astraea_by_environment(tmp_path: Path) -> None:
-    world, rounds, p = 3, 3, str(port() + 7)
+def run_stock_distnetwork(
+    tmp_path: Path, world: int, rounds: int, args: str, single: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The stock server and client scripts, armed by the environment; their records."""
+    p = str(port() + 7 + world)
     base = {
         **os.environ,
         "FEDBALANCE_AGGREGATOR": "astraea",
-        "FEDBALANCE_AGGREGATOR_ARGS": '{"gamma": 2, "tau_d": 2.0}',
+        "FEDBALANCE_AGGREGATOR_ARGS": args,
         "PYTHONPATH": os.pathsep.join([str(HOSTS), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": "1",
     }
     env = {**base, "FEDBALANCE_RECORD": str(tmp_path / "dist.jsonl")}
-    py = sys.executable
-    procs = [
-        subprocess.Popen(
-            [py, str(HOSTS / "fedlab_stock_server.py"), p, str(world), str(rounds)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+    py, pipe = sys.executable, subprocess.PIPE
+    server = [py, str(HOSTS / "fedlab_stock_server.py"), p, str(world), str(rounds)]
+    procs = [subprocess.Popen(server, env=env, stdout=pipe, stderr=pipe, text=True)]
+    for r in range(1, world):
+        client = [py, str(HOSTS / "fedlab_stock_client.py"), p, str(world), str(r)]
+        client += ["single"] if single else []
+        procs.append(
+            subprocess.Popen(client, env=env, stdout=subprocess.DEVNULL, stderr=pipe, text=True)
         )
-    ]
-    procs += [
-        subprocess.Popen(
-            [py, str(HOSTS / "fedlab_stock_client.py"), p, str(world), str(r)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(1, world)
-    ]
     try:
         outs = [proc.communicate(timeout=240) for proc in procs]
     finally:
@@ -212,15 +203,22 @@ def test_stock_fedlab_distnetwork_scripts_run_astraea_by_environment(tmp_path: P
             proc.kill()
     assert [proc.returncode for proc in procs] == [0] * world, outs[0][1][-3000:]
     assert "CHECKSUM" in outs[0][0]
+    return records(tmp_path / "dist.jsonl"), base
+
+
+@pytest.mark.slow
+def test_stock_fedlab_distnetwork_scripts_run_astraea_by_environment(tmp_path: Path) -> None:
+    rounds = 3
+    dist, env = run_stock_distnetwork(tmp_path, 3, rounds, '{"gamma": 2, "tau_d": 2.0}')
     standalone = subprocess.run(
-        [py, str(HOSTS / "fedlab_stock_standalone.py"), str(rounds)],
-        env={**base, "FEDBALANCE_RECORD": str(tmp_path / "sa.jsonl")},
+        [sys.executable, str(HOSTS / "fedlab_stock_standalone.py"), str(rounds)],
+        env={**env, "FEDBALANCE_RECORD": str(tmp_path / "sa.jsonl")},
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert standalone.returncode == 0, standalone.stderr[-2000:]
-    dist, sa = records(tmp_path / "dist.jsonl"), records(tmp_path / "sa.jsonl")
+    sa = records(tmp_path / "sa.jsonl")
     assert [r["round"] for r in dist] == [1, 2, 3]
     # The stock scripts seed FedLab's sampler alike; the clients report the same counts, so the
     # plan and the mediators are the standalone's (stock training shuffles with torch's global
@@ -228,6 +226,16 @@ def test_stock_fedlab_distnetwork_scripts_run_astraea_by_environment(tmp_path: P
     for x, y in zip(sa, dist, strict=True):
         assert {k: x[k] for k in SAME} == {k: y[k] for k in SAME}
         assert [len(g) for g in y["mediators"]] == [2, 1]
+
+
+@pytest.mark.slow
+def test_stock_sgd_client_trainers_one_client_per_process_relay_astraea(tmp_path: Path) -> None:
+    args = '{"gamma": 2, "tau_d": 2.0, "mediator_epochs": 2}'
+    dist, _ = run_stock_distnetwork(tmp_path, 5, 2, args, single=True)
+    assert [r["round"] for r in dist] == [1, 2]
+    for r in dist:  # 2 of 4 clients, each in its own process: one mediator through both, twice
+        assert [len(g) for g in r["mediators"]] == [2] and r["weights"] == [1.0]
+        assert r["bytes"]["mediator_clients"] == 8 * r["bytes"]["server_up"]
 
 
 # -- FedML: sp vs MPI simulation vs MPI cross-silo ------------------------------------------------

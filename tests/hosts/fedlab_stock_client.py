@@ -1,15 +1,16 @@
 """A stock FedLab 1.3.0 client process over DistNetwork: only FedLab and torch.
 
-    python fedlab_stock_client.py PORT WORLD_SIZE RANK
+    python fedlab_stock_client.py PORT WORLD_SIZE RANK [single]
 
-Simulates 3 of 6 digits clients (the same partition as ``fedlab_stock_standalone.py``) with
-FedLab's ``SGDSerialClientTrainer``.
+Simulates its share of 6 digits clients (the same partition as ``fedlab_stock_standalone.py``)
+with FedLab's ``SGDSerialClientTrainer``; with ``single``, one client of WORLD_SIZE - 1 with
+FedLab's ``SGDClientTrainer``.
 """
 
 import sys
 
 import torch
-from fedlab.contrib.algorithm.basic_client import SGDSerialClientTrainer
+from fedlab.contrib.algorithm.basic_client import SGDClientTrainer, SGDSerialClientTrainer
 from fedlab.core.client.manager import PassiveClientManager
 from fedlab.core.network import DistNetwork
 from fedlab_stock_standalone import DigitsFed
@@ -34,9 +35,13 @@ def main():
     model = torch.nn.Sequential(
         torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
     )
-    per = 6 // (world - 1)
-    trainer = SGDSerialClientTrainer(model, num_clients=per)
-    trainer.setup_dataset(Slice(DigitsFed(6), (rank - 1) * per, per))
+    if sys.argv[4:] == ["single"]:
+        trainer = SGDClientTrainer(model)
+        trainer.setup_dataset(Slice(DigitsFed(world - 1), rank - 1, 1))
+    else:
+        per = 6 // (world - 1)
+        trainer = SGDSerialClientTrainer(model, num_clients=per)
+        trainer.setup_dataset(Slice(DigitsFed(6), (rank - 1) * per, per))
     trainer.setup_optim(epochs=1, batch_size=32, lr=0.1)
     network = DistNetwork(("127.0.0.1", port), world_size=world, rank=rank)
     PassiveClientManager(trainer=trainer, network=network).run()
