@@ -257,7 +257,7 @@ def fedml_yaml(tmp_path: Path, name: str) -> Path:
     return path
 
 
-def run_fedml(tmp_path: Path, name: str) -> list[dict[str, Any]]:
+def run_fedml(tmp_path: Path, name: str) -> tuple[list[dict[str, Any]], str]:
     rec = tmp_path / f"{name}.jsonl"
     cmd = [sys.executable, str(EXAMPLE / "main.py"), "--cf", str(fedml_yaml(tmp_path, name))]
     if name != "sp.yaml":
@@ -273,14 +273,15 @@ def run_fedml(tmp_path: Path, name: str) -> list[dict[str, Any]]:
         text=True,
         timeout=600,
     )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    return records(rec)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    return records(rec), log
 
 
 @pytest.fixture(scope="module")
 def fedml_sp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     pytest.importorskip("fedml")
-    return run_fedml(tmp_path_factory.mktemp("sp"), "sp.yaml")
+    return run_fedml(tmp_path_factory.mktemp("sp"), "sp.yaml")[0]
 
 
 @pytest.mark.slow
@@ -292,10 +293,13 @@ def fedml_sp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def test_fedml_mpi_modes_match_sp(
     name: str, host: str, fedml_sp: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    got = run_fedml(tmp_path, name)
+    got, log = run_fedml(tmp_path, name)
     assert [r["round"] for r in got] == [1, 2] and {r["host"] for r in got} == {host}
     # 3 clients, gamma 2: a mediator of two relayed through two processes, and one alone.
     assert all(sorted(len(g) for g in r["mediators"]) == [1, 2] for r in got)
+    # Each client process trained once a round: the second member got the first one's model
+    # from the server (a relayed sync message), not a second copy of the global model.
+    assert log.count("#######training###########") == 3 * 2
     same_fields(fedml_sp, got)
 
 
