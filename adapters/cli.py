@@ -395,7 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--class-counts", required=True, help="JSON list of lists: clients x classes counts"
     )
     p.add_argument(
-        "--tau-d", type=float, default=3.5, help="downsampling threshold tau_d > 0 (default 3.5)"
+        "--tau-d",
+        type=float,
+        default=3.5,
+        help="downsampling threshold tau_d in [0.01, 100] (default 3.5)",
     )
     p.add_argument(
         "--count-clip",
