@@ -44,7 +44,7 @@ lint: setup
 	$(PY) -m mypy
 
 test: lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # Skips the slow end-to-end runs (real frameworks, real processes); CI runs everything.
 test-fast: setup
@@ -59,4 +59,4 @@ bench-perf: setup
 	$(VENV)/bin/fedbalance bench perf-partition
 
 clean:
-	rm -rf $(VENV) .venv-stacks runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,9 +1,11 @@
 """Fresh virtual environments shaped like users' FL stacks, to install the built wheel into.
 
 Each stack is a venv with torch and torchvision plus what its host needs (FedML 0.9.6 with
-its pins, FedLab 1.3.0, or nothing: the core alone). They live in ``.venv-stacks/`` beside
-the project venv and are rebuilt when their recipe changes; fedbalance itself is uninstalled
-and installed again from the freshly built wheel on every test run.
+its pins, FedLab 1.3.0, or nothing: the core alone). They live in ``~/.cache/fedbalance/stacks``
+(``FEDBALANCE_STACKS`` to move them), like pip's cache outside any checkout, so a fresh clone
+reuses them; they are rebuilt when missing or when their recipe, torch or Python changes.
+fedbalance itself is uninstalled and installed again from the freshly built wheel on every
+test run.
 
 torch is not installed again per stack: its distributions (torch, torchvision and everything
 they require, ~5 GB) are hard-linked from the test environment by their ``RECORD`` files,
@@ -29,7 +31,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
-HOME = ROOT / ".venv-stacks"
+HOME = Path(os.environ.get("FEDBALANCE_STACKS") or Path.home() / ".cache" / "fedbalance" / "stacks")
 #: stack -> what a user of that host has installed before fedbalance
 RECIPES: dict[str, list[str]] = {
     "core": [],
@@ -110,7 +112,7 @@ def _stamp(stack: str) -> str:
 
 def ensure(stack: str) -> Path:
     """The stack's python, building the venv first if it is missing or out of date."""
-    HOME.mkdir(exist_ok=True)
+    HOME.mkdir(parents=True, exist_ok=True)
     with open(HOME / f".{stack}.lock", "w") as lock:  # one builder at a time (pytest -n)
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _ensure(stack)
