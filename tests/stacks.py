@@ -135,9 +135,16 @@ def _ensure(stack: str) -> Path:
 
 
 def install_wheel(stack: str, wheel: Path, extras: str = "") -> Path:
-    """Build the stack if needed, then install fedbalance from ``wheel`` (not editable)."""
+    """Build the stack if needed, then install fedbalance from ``wheel`` (not editable).
+
+    A stack whose earlier fedbalance cannot be uninstalled (an install cut short, files
+    removed by hand) is rebuilt from scratch rather than trusted.
+    """
     python = ensure(stack)
-    subprocess.run([str(python), *PIP, "uninstall", "-y", "fedbalance"], check=True)
+    uninstall = [str(python), *PIP, "uninstall", "-y", "fedbalance"]
+    if subprocess.run(uninstall).returncode != 0:
+        shutil.rmtree(HOME / stack)
+        python = ensure(stack)
     target = f"{wheel}[{extras}]" if extras else str(wheel)
     subprocess.run([str(python), *PIP, "install", target], check=True)
     return python
