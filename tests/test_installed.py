@@ -223,7 +223,8 @@ def test_fedlab_example_style_runs_stock_and_with_the_variable(
         **env,
     )
     assert armed.returncode == 0, armed.stderr[-3000:]
-    assert [r["aggregator"] for r in records(rec)] == ["fedavgm", "fedavgm"]
+    got = [r["aggregator"] for r in records(rec)]
+    assert got == ["fedavgm", "fedavgm"], armed.stderr[-3000:]  # stderr says if it armed
     assert checksum(armed.stdout) != checksum(stock.stdout)
 
 
