@@ -59,4 +59,4 @@ bench-perf: setup
 	$(VENV)/bin/fedbalance bench perf-partition
 
 clean:
-	rm -rf $(VENV) runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-stacks runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
