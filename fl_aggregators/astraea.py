@@ -63,8 +63,9 @@ class Astraea(FedAvg):
         mediators: bool = True,
         count_clip: float | None = 20.0,
         update_clip: float | None = None,
+        sample_clip: float | None = None,
     ) -> None:
-        super().__init__(update_clip=update_clip)
+        super().__init__(update_clip=update_clip, sample_clip=sample_clip)
         self.tau_d = check_tau_d(tau_d)
         self.count_clip = check_count_clip(count_clip)
         # gamma needs no ceiling: a mediator never holds more than the round's clients.

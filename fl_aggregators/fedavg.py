@@ -10,10 +10,18 @@ Backdoor Federated Learning?", 2019). It stops a client that scales or flips its
 dominating the model whatever its weight; it costs one more read of every client's
 parameters, which is why it is opt-in (``fedbalance bench reliability`` measures both).
 The weights reported stay the aggregator's; the record adds each client's ``update_scale``.
+
+``sample_clip`` (off by default; FedAvg, FedAvgM, FedLoss-n and Astraea take it): the sample
+count is a number the client reports, so one client claiming 10^6 samples takes the model.
+With ``sample_clip = c`` no count weighs more than ``c`` x the largest count among the *other*
+clients of the round (the peer bound FedLoss applies to losses): only the round's single
+largest count can be lowered, and with ``c = 1`` a lone liar takes exactly the share of the
+largest honest client. It needs three or more clients a round.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -21,8 +29,16 @@ from typing import Any
 import torch
 
 from fl_aggregators.base import Aggregator
-from fl_aggregators.functional import columns, normalize, update_scales, weighted_means
+from fl_aggregators.functional import (
+    bound_losses,
+    columns,
+    normalize,
+    update_scales,
+    weighted_means,
+)
 from fl_aggregators.update import ClientUpdate
+
+log = logging.getLogger(__name__)
 
 
 def check_update_clip(value: float | None) -> float | None:
@@ -34,19 +50,53 @@ def check_update_clip(value: float | None) -> float | None:
     return float(value)
 
 
+def check_sample_clip(value: float | None) -> float | None:
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 1:
+        raise ValueError(f"sample_clip must be None or a finite float >= 1, got {value!r}")
+    return float(value)
+
+
 class FedAvg(Aggregator):
-    """FedAvg: weights n_i / sum n (McMahan et al. 2017); optional ``update_clip``."""
+    """FedAvg: weights n_i / sum n (McMahan et al. 2017); optional ``update_clip``,
+    ``sample_clip``."""
 
     name = "fedavg"
 
-    def __init__(self, *, update_clip: float | None = None) -> None:
+    def __init__(
+        self, *, update_clip: float | None = None, sample_clip: float | None = None
+    ) -> None:
         super().__init__()
         self.update_clip = check_update_clip(update_clip)
+        self.sample_clip = check_sample_clip(sample_clip)
         self._scales: list[float] | None = None
+
+    def bounded_counts(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:
+        """Reported sample counts (float64), the largest under ``sample_clip``."""
+        counts = torch.tensor([float(u.num_samples) for u in updates], dtype=torch.float64)
+        if self.sample_clip is None:
+            return counts
+        bounded = bound_losses(counts, None, self.sample_clip)
+        if bounded is not counts:
+            i = int(torch.argmax(counts - bounded))
+            who = updates[i].client_id if updates[i].client_id is not None else f"#{i}"
+            # Honest quantity skew can trip the bound a little; a liar trips it by far.
+            level = logging.WARNING if bounded[i] < counts[i] / 2 else logging.INFO
+            log.log(
+                level,
+                "%s: client %s reported num_samples %d, bounded to %.0f",
+                self.name,
+                who,
+                int(counts[i]),
+                float(bounded[i]),
+            )
+        return bounded
 
     def client_weights(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         """Normalised aggregation weights of the accepted clients."""
-        return normalize([u.num_samples for u in updates])
+        return normalize(self.bounded_counts(updates))
 
     def _combine(
         self,

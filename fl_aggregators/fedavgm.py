@@ -34,9 +34,14 @@ class FedAvgM(FedAvg):
     name = "fedavgm"
 
     def __init__(
-        self, *, beta: float = 0.9, server_lr: float = 1.0, update_clip: float | None = None
+        self,
+        *,
+        beta: float = 0.9,
+        server_lr: float = 1.0,
+        update_clip: float | None = None,
+        sample_clip: float | None = None,
     ) -> None:
-        super().__init__(update_clip=update_clip)
+        super().__init__(update_clip=update_clip, sample_clip=sample_clip)
         self.beta = _check_float("beta", beta, 0.0, 1.0)
         self.server_lr = _check_float("server_lr", server_lr, 0.0, None)
         if self.server_lr == 0:

@@ -9,8 +9,9 @@ than one on a well fit client, and every sample counts. ``mix`` blends in plain 
 ``w = mix * n_i / sum n + (1 - mix) * (n_i l_i) / sum(n l)``; ``size_aware=False`` uses the
 thesis's ``l_i / sum l`` in the second term instead. ``loss_clip`` bounds the losses as in
 FedLoss; ``peer_clip`` bounds the weighted scores ``n_i * l_i`` (the round's top score at most
-the runner-up's), so a lone loss liar again takes no more than the top honest client. A
-client's reported sample count is trusted, as FedAvg trusts it.
+the runner-up's), so a lone loss liar again takes no more than the top honest client, and a
+lone *sample-count* liar likewise (its score grows with the count it claims).
+``sample_clip`` bounds the counts themselves first, as in FedAvg.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fl_aggregators.fedavg import FedAvg
+from fl_aggregators.fedavg import FedAvg, check_sample_clip
 from fl_aggregators.fedloss import FedLoss
 from fl_aggregators.functional import bound_losses, normalize
 from fl_aggregators.update import ClientUpdate
@@ -38,8 +39,10 @@ class FedLossN(FedLoss):
         loss_clip: float | None = 5.0,
         peer_clip: float | None = 1.0,
         update_clip: float | None = None,
+        sample_clip: float | None = None,
     ) -> None:
         super().__init__(loss_clip=loss_clip, peer_clip=peer_clip, update_clip=update_clip)
+        self.sample_clip = check_sample_clip(sample_clip)
         if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
             raise ValueError(f"mix must be a float in [0, 1], got {mix!r}")
         if not isinstance(size_aware, bool):
@@ -48,7 +51,7 @@ class FedLossN(FedLoss):
         self.size_aware = size_aware
 
     def client_weights(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:
-        sizes = torch.tensor([u.num_samples for u in updates], dtype=torch.float64)
+        sizes = self.bounded_counts(updates)
         fedavg = FedAvg.client_weights(self, updates)
         if self.size_aware:  # the peer bound applies to what is weighted: n_i * l_i
             scores = bound_losses(

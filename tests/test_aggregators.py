@@ -409,3 +409,34 @@ def test_update_clip_must_be_at_least_one() -> None:
         ValueError, match="update_clip must be None or a finite float >= 1, got 0.5"
     ):
         FedLoss(update_clip=0.5)
+
+
+def test_sample_clip_holds_a_count_liar_to_the_runner_up_by_hand() -> None:
+    # Counts 1, 3, 4 with client 2 claiming 4000: trusted it takes 4000/4004 of the weight;
+    # with sample_clip 1 its count is the runner-up's (3), weights 1/7, 3/7, 3/7.
+    ups = three_clients()
+    ups[2] = ClientUpdate(P3, 4000, {"val_loss": 2.5}, client_id="c2")
+    assert FedAvg().aggregate(torch.zeros(2), ups).weights[2] == pytest.approx(4000 / 4004)
+    for agg in (FedAvg(sample_clip=1.0), FedAvgM(sample_clip=1.0)):
+        assert agg.aggregate(torch.zeros(2), ups).weights == pytest.approx([1 / 7, 3 / 7, 3 / 7])
+    # Honest counts within the bound are untouched; a looser bound caps at c x the runner-up.
+    assert FedAvg(sample_clip=2.0).aggregate(torch.zeros(2), three_clients()).weights == (
+        pytest.approx([1 / 8, 3 / 8, 4 / 8])
+    )
+    assert FedAvg(sample_clip=2.0).aggregate(torch.zeros(2), ups).weights == (
+        pytest.approx([1 / 10, 3 / 10, 6 / 10])
+    )
+
+
+def test_sample_clip_bounds_fedloss_n_counts_before_scoring() -> None:
+    ups = three_clients()
+    ups[0] = ClientUpdate(P1, 10_000, {"val_loss": 0.5}, client_id="c0")
+    w = FedLossN(peer_clip=None, sample_clip=1.0).aggregate(torch.zeros(2), ups).weights
+    # counts 1e4 -> 4 (runner-up); scores n*l = 2, 3, 10
+    assert w == pytest.approx([2 / 15, 3 / 15, 10 / 15])
+
+
+@pytest.mark.parametrize("value", [0.5, float("nan"), float("inf"), True, "1"])
+def test_sample_clip_must_be_at_least_one(value: object) -> None:
+    with pytest.raises(ValueError, match="sample_clip must be None or a finite float >= 1, got"):
+        FedAvg(sample_clip=value)  # type: ignore[arg-type]
