@@ -117,6 +117,28 @@ class AstraeaPlanner:
         classes = max(int(y.max()) for y in labels if len(y)) + 1
         return cls(np.stack([label_counts(y, classes) for y in labels]), aggregator)
 
+    def bound_samples(self, members: Sequence[int], claimed: int) -> int:
+        """A mediator's reported ``n_m``, held to what its members can hold after rebalancing.
+
+        Rebalancing keeps each sample at most ``ceil(rad)`` times (downsampled classes at most
+        once), so ``sum counts x max(1, ceil(rad))`` over the members' reported label counts
+        bounds any honest ``n_m``: an honest mediator is never lowered, and a member inflating
+        the sample count it reports after training gets no more than its own data's weight.
+        """
+        copies = np.maximum(1.0, np.ceil(self.plan.rad))
+        ceiling = int((self.counts[[int(c) for c in members]] * copies).sum())
+        if claimed <= ceiling:
+            return claimed
+        log.warning(
+            "astraea: mediator of clients %s reported %d samples, at most %d after "
+            "rebalancing; bounded to %d",
+            list(members),
+            claimed,
+            ceiling,
+            ceiling,
+        )
+        return ceiling
+
     def mediator_kl(self, mediators: list[list[int]]) -> list[float]:
         return mediator_kl(self.expected, mediators)
 

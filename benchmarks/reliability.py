@@ -36,6 +36,7 @@ from fedbalance_benchmarks.thesis import run_config as thesis_run_config
 KINDS = (
     "none",
     "inflate",  # val_loss x factor
+    "samples",  # num_samples x factor
     "zero_loss",
     "tiny_loss",  # val_loss 1e-12
     "missing_loss",
@@ -77,6 +78,8 @@ class Attack:
             params = downlink - (params - downlink)
         if self.kind == "inflate":
             meta[2] = meta[2] * self.factor
+        elif self.kind == "samples":  # float32 meta: exact below 2**24
+            meta[1] = torch.round(meta[1] * self.factor)
         elif self.kind == "zero_loss":
             meta[2] = 0.0
         elif self.kind == "tiny_loss":
@@ -171,6 +174,30 @@ def scenarios() -> list[Scenario]:
     for agg in ("fedavg", "fedloss"):
         out.append(("missing val_loss", "1 of 10", Attack("missing_loss", 1), agg, agg, {}))
     out.append(("NaN parameters", "all 10", Attack("nan", 10), "fedloss", "fedloss", {}))
+    out += sample_lies()
+    return out
+
+
+#: Astraea with 10 clients a round and gamma 3: four mediators, so n_m / n weights matter.
+ASTRAEA_SMALL = {"gamma": 3}
+
+
+def sample_lies() -> list[Scenario]:
+    """One client reports 10^3 x its sample count, against every count-weighted aggregator,
+    trusting (the paper rules) and with ``sample_clip: 1``."""
+    out: list[Scenario] = [
+        ("clean", "-", Attack(), "fedavgm", "fedavgm", {}),
+        ("clean", "-", Attack(), "astraea (gamma 3)", "astraea", ASTRAEA_SMALL),
+    ]
+    lie = Attack("samples", 1, 1e3)
+    setting = "1 of 10, x1e3"
+    for agg in ("fedavg", "fedavgm", "fedloss_n"):
+        out.append(("sample-count inflation", setting, lie, agg, agg, {"sample_clip": None}))
+        label = f"{agg} (sample_clip 1)"
+        out.append(("sample-count inflation", setting, lie, label, agg, {"sample_clip": 1.0}))
+    out.append(
+        ("sample-count inflation", setting, lie, "astraea (gamma 3)", "astraea", ASTRAEA_SMALL)
+    )
     return out
 
 
@@ -192,14 +219,19 @@ def _slug(*parts: str) -> str:
 
 def run_stats(rows: list[dict[str, Any]], liars: int) -> dict[str, Any]:
     """Per-run numbers from ``metrics.jsonl`` rows (liars are client ids ``< liars``)."""
-    liar_share, top_honest, liar_each, liar_scale = [], [], [], []
+    liar_share, top_honest, liar_each, liar_scale, first = [], [], [], [], []
     for r in rows:
         if "update_scale" in r:
             scales = [s for c, s in zip(r["clients"], r["update_scale"], strict=True) if c < liars]
             liar_scale.append(min(scales, default=1.0))
         ws = list(zip(r["clients"], r["weights"], strict=True))
+        if "mediators" in r:  # Astraea: weights are per mediator; a liar owns its mediator's
+            ws = [
+                (min(members), w) for members, w in zip(r["mediators"], r["weights"], strict=True)
+            ]
         bad = [w for c, w in ws if isinstance(c, int) and c < liars]
         good = [w for c, w in ws if not (isinstance(c, int) and c < liars)]
+        first.append(max((w for c, w in ws if c == 0), default=0.0))
         liar_share.append(sum(bad))
         liar_each.append(max(bad, default=0.0))
         top_honest.append(max(good, default=0.0))
@@ -210,6 +242,7 @@ def run_stats(rows: list[dict[str, Any]], liars: int) -> dict[str, Any]:
         "liar_share": liar_share,
         "liar_each": liar_each,
         "top_honest": top_honest,
+        "client0_share": first,
         "liar_update_scale": liar_scale,
         "rejected": sum(r["rejected"] for r in rows),
         "skipped": sum(bool(r["skipped"]) for r in rows),
@@ -250,8 +283,9 @@ def uses_loss(aggregator: str) -> bool:
     return "val_loss" in getattr(get_registry().aggregator(aggregator), "required_metrics", ())
 
 
-def what_happened(rs: list[dict[str, Any]], liars: int) -> str:
-    """What the aggregator did, from the measured weights, rejections and update scales."""
+def what_happened(rs: list[dict[str, Any]], liars: int, clean: list[dict[str, Any]]) -> str:
+    """What the aggregator did, from the measured weights, rejections and update scales
+    (``clean``: the clean runs of the same aggregator, for what a liar weighed honestly)."""
     rounds = sum(r["rounds"] for r in rs)
     rejected = sum(r["rejected"] for r in rs)
     skipped = sum(r["skipped"] for r in rs)
@@ -266,6 +300,11 @@ def what_happened(rs: list[dict[str, Any]], liars: int) -> str:
     if hook["kind"] == "inflate" and uses_loss(rs[0]["base"]):
         top = max(s for r in rs for s in r["liar_share"])
         parts.append("val_loss accepted unbounded" if top > 0.99 else "val_loss bounded")
+    elif hook["kind"] == "samples":
+        honest = max(s for r in clean for s in r["client0_share"])
+        lied = max(s for r in rs for s in r["client0_share"])
+        verdict = "num_samples accepted" if lied > 2 * honest else "num_samples bounded"
+        parts.append(f"{verdict}: its max share {honest:.2f} honest -> {lied:.2f}")
     elif hook["kind"] in ("zero_loss", "tiny_loss"):
         parts.append("accepted: liars weigh ~0")
     else:
@@ -293,7 +332,7 @@ def table(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
             for r in runs
             if (r["attack"], r["setting"], r["aggregator"]) == (attack, setting, label)
         ]
-        liars = rs[0]["hook"]["liars"]
+        liars, base = rs[0]["hook"]["liars"], rs[0]["base"]
         acc = [r["final_accuracy"] for r in rs]
         delta = [100 * (r["final_accuracy"] - clean[(r["base"], r["seed"])]) for r in rs]
         honest_liars = 0 < liars < 10
@@ -306,7 +345,7 @@ def table(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
                 for r in rs
                 for e, h in zip(r["liar_each"], r["top_honest"], strict=True)
             )
-            if honest_liars and uses_loss(rs[0]["base"])
+            if honest_liars and (uses_loss(rs[0]["base"]) or rs[0]["hook"]["kind"] == "samples")
             else None
         )
         rows.append(
@@ -314,7 +353,9 @@ def table(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
                 attack,
                 setting,
                 label,
-                what_happened(rs, liars),
+                what_happened(
+                    rs, liars, [r for r in runs if r["attack"] == "clean" and r["base"] == base]
+                ),
                 mean_std(acc),
                 f"{statistics.mean(delta):+.2f}",
                 "-" if share is None else f"{share:.3f}",
@@ -343,7 +384,7 @@ def table(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
         "Δ vs clean (points)",
         "liars' max share",
         "top honest share",
-        "each liar ≤ top honest, every round (loss-weighted aggregators)",
+        "each liar ≤ top honest, every round (loss and sample-count lies)",
     ]
     return markdown_table(header, rows), summary
 
@@ -696,6 +737,96 @@ def astraea_lies(opts: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+# -- sample_clip on honest quantity skew ---------------------------------------------------------
+def quantity_cost(opts: dict[str, Any]) -> tuple[list[list[str]], list[dict[str, Any]]]:
+    """What ``sample_clip: 1`` costs where sample counts honestly differ most: the thesis
+    grid's ``quantity`` scenario (quantity Dirichlet 0.5; thesis setting, 1 local epoch), every
+    count-weighted aggregator with and without the bound, same seeds."""
+    from fedbalance_benchmarks.thesis import FULL as THESIS_FULL
+    from fedbalance_benchmarks.thesis import QUICK as THESIS_QUICK
+
+    base = dict(THESIS_QUICK if opts["quick"] else THESIS_FULL, local_epochs=1)
+    base.update(dataset=opts["dataset"], quick=opts["quick"])
+    runs_dir = Path(opts["runs_dir"]) / "quantity"
+    jobs, meta = [], []
+    for agg in ("fedavg", "fedavgm", "fedloss_n"):
+        for clip in (None, 1.0):
+            for seed in range(opts["seeds"]):
+                cfg = thesis_run_config("quantity", agg, seed, base)
+                cfg["aggregator_args"] = {**cfg["aggregator_args"], "sample_clip": clip}
+                out = runs_dir / _slug(agg, f"sample_clip_{clip}") / f"seed{seed}"
+                jobs.append((cfg, out))
+                meta.append((agg, clip, seed, out))
+    run_jobs(jobs, opts["workers"], "quantity")
+    curves: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
+    for agg, clip, seed, out in meta:
+        rows = read_metrics(out)
+        evals = [r for r in rows if "test_accuracy" in r]
+        curves.setdefault((agg, clip), []).append(
+            {
+                "seed": seed,
+                "final": evals[-1]["test_accuracy"],
+                "best": max(r["test_accuracy"] for r in evals),
+                "weights": [r["weights"] for r in rows],
+            }
+        )
+    rows_out, summary = [], []
+    for agg in ("fedavg", "fedavgm", "fedloss_n"):
+        free, clipped = curves[(agg, None)], curves[(agg, 1.0)]
+        # How much weight the bound moved, round by round (same seed: same clients, same
+        # order, until the models diverge): total variation between the two weight vectors.
+        moved = [
+            0.5 * sum(abs(x - y) for x, y in zip(wf, wc, strict=True))
+            for f, c in zip(free, clipped, strict=True)
+            for wf, wc in zip(f["weights"], c["weights"], strict=True)
+        ]
+        finals_free = [r["final"] for r in free]
+        finals_clip = [r["final"] for r in clipped]
+        delta = 100 * (statistics.mean(finals_clip) - statistics.mean(finals_free))
+        sd = 100 * (statistics.pstdev(finals_free) if len(finals_free) > 1 else 0.0)
+        row = {
+            "aggregator": agg,
+            "final_free": mean_std(finals_free),
+            "final_clip": mean_std(finals_clip),
+            "best_free": mean_std([r["best"] for r in free]),
+            "best_clip": mean_std([r["best"] for r in clipped]),
+            "delta": delta,
+            "std_free": sd,
+            "rounds_moved": sum(m > 1e-9 for m in moved) / len(moved),
+            "mean_moved": statistics.mean(moved),
+        }
+        summary.append(row)
+        rows_out.append(
+            [
+                agg,
+                row["final_free"],
+                row["final_clip"],
+                f"{delta:+.2f}",
+                f"{sd:.2f}",
+                "yes" if abs(delta) <= sd else "no",
+                row["best_free"],
+                row["best_clip"],
+                f"{100 * row['rounds_moved']:.0f} %",
+                f"{row['mean_moved']:.3f}",
+            ]
+        )
+    return rows_out, summary
+
+
+QUANTITY_HEADER = [
+    "aggregator",
+    "final acc %, trusting counts",
+    "final acc %, sample_clip 1",
+    "Δ (points)",
+    "std (trusting)",
+    "|Δ| ≤ std",
+    "best acc %, trusting",
+    "best acc %, sample_clip 1",
+    "rounds where weights moved",
+    "weight moved per round (mean)",
+]
+
+
 def plot(summary: list[dict[str, Any]], out: Path) -> None:
     import matplotlib
 
@@ -761,6 +892,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bad = bad_inputs(runs_dir / "bad-input")
     lies = astraea_lies(opts)
+    quantity_rows, quantity = quantity_cost(opts)
     import shutil
 
     shutil.rmtree(runs_dir / "faults", ignore_errors=True)
@@ -778,6 +910,13 @@ def main(argv: list[str] | None = None) -> int:
         f"Regenerate: `{command.strip()}` (runs resume from `--runs-dir`).\n\n"
         "## Attacks on the aggregation\n\n"
         + attack_table
+        + "\n\n## What `sample_clip: 1` costs honest quantity skew\n\n"
+        "The thesis grid's `quantity` scenario (30 clients, quantity Dirichlet 0.5, 5 sampled a"
+        " round, 50 rounds, 1 local epoch; seeds as above), each count-weighted aggregator"
+        " trusting the reported counts and with `sample_clip: 1` (the round's largest count at"
+        " most the runner-up's). Weight moved: total variation between the two runs' weights in"
+        " the same round.\n\n"
+        + markdown_table(QUANTITY_HEADER, quantity_rows)
         + "\n\n## Faults (small runs on scikit-learn's digits)\n\n"
         + markdown_table(["fault", "setting", "what happened", "result"], fault_rows)
         + "\n\nResuming from a damaged or tampered checkpoint (read with"
@@ -801,7 +940,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     (out_dir / f"{stem}.md").write_text(text)
     (out_dir / f"{stem}.json").write_text(
-        json.dumps({"options": opts, "summary": summary, "kill": kill, "runs": runs}, indent=1)
+        json.dumps(
+            {
+                "options": opts,
+                "summary": summary,
+                "quantity": quantity,
+                "kill": kill,
+                "runs": runs,
+            },
+            indent=1,
+        )
         + "\n"
     )
     plot(summary, out_dir / f"{stem}.png")

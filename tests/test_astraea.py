@@ -363,3 +363,17 @@ def test_astraea_bench_quick_writes_its_table_and_plots(tmp_path: Path) -> None:
     assert all(len(r["accuracy"]) == 4 for r in doc["runs"])
     assert next(tmp_path.glob("astraea_*_quick_accuracy.png")).stat().st_size > 0
     assert next(tmp_path.glob("astraea_*_quick_kl.png")).stat().st_size > 0
+
+
+def test_planner_bounds_a_mediators_sample_count_by_its_members_data() -> None:
+    from fl_aggregators.astraea import Astraea
+
+    counts = np.array([[30] * 9 + [1], [20] * 9 + [2], [10] * 9 + [1]])
+    plain = AstraeaPlanner(counts, Astraea(augment=False))
+    assert plain.bound_samples([0, 2], 362) == 362  # honest: exactly the counts
+    assert plain.bound_samples([0, 2], 10**6) == 362
+    planner = AstraeaPlanner(counts, Astraea(tau_d=1.0))
+    assert planner.rad[9] > 6  # the minority class is augmented: ~6.3 copies per sample
+    most = 9 * 20 + 2 * 7  # each sample of class 9 kept at most ceil(6.3) = 7 times
+    assert planner.bound_samples([1], most) == most
+    assert planner.bound_samples([1], most + 1) == most

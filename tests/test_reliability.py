@@ -58,6 +58,45 @@ def test_without_bounds_the_liar_takes_the_model(tmp_path: Path) -> None:
     assert min(run_stats(rows, liars=1)["liar_share"]) > 0.999
 
 
+@pytest.mark.parametrize("aggregator", ["fedavg", "fedavgm", "fedloss_n"])
+def test_one_sample_count_liar_takes_the_model_unless_bounded(
+    aggregator: str, tmp_path: Path
+) -> None:
+    lie = Attack("samples", 1, 1e3)
+    trusting = run_stats(
+        attacked(tmp_path / "trust", lie, aggregator=aggregator, aggregator_args={}), liars=1
+    )
+    bounded = run_stats(
+        attacked(
+            tmp_path / "clip", lie, aggregator=aggregator, aggregator_args={"sample_clip": 1.0}
+        ),
+        liars=1,
+    )
+    if aggregator == "fedloss_n":  # its peer bound on n_i * l_i already holds the liar
+        assert max(trusting["liar_share"]) < 0.5
+    else:
+        assert min(trusting["liar_share"]) > 0.9
+    for stats in [bounded] + ([trusting] if aggregator == "fedloss_n" else []):
+        for liar, top in zip(stats["liar_each"], stats["top_honest"], strict=True):
+            assert 0 < liar <= top + 1e-9
+
+
+def test_astraea_holds_a_sample_count_liar_to_its_own_data(tmp_path: Path) -> None:
+    """Without augmentation a mediator's honest n_m is exactly its members' reported label
+    counts, so the bound from the plan gives the liar's mediator its honest weight, no more."""
+    args = {"gamma": 3, "augment": False}
+    honest = attacked(tmp_path, Attack(), aggregator="astraea", aggregator_args=args)
+    lied = attacked(tmp_path, Attack("samples", 1, 1e3), aggregator="astraea", aggregator_args=args)
+    assert [r["mediators"] for r in lied] == [r["mediators"] for r in honest]
+    assert [r["weights"] for r in lied] == [r["weights"] for r in honest]
+
+
+def test_astraea_bound_never_lowers_an_honest_mediator(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    with caplog.at_level("WARNING", logger="fl_adapters.astraea"):
+        attacked(tmp_path, Attack(), aggregator="astraea", aggregator_args={"gamma": 3})
+    assert not [r for r in caplog.records if "bounded" in r.getMessage()]
+
+
 def test_colluding_liars_are_bounded_by_the_median(tmp_path: Path) -> None:
     rows = attacked(tmp_path, Attack("inflate", 3, 1e6))
     # Each of 3 liars counts at most 5x the lower median loss: together < 3*5/(3*5 + 7*min).
@@ -102,7 +141,7 @@ def test_when_every_client_is_bad_the_global_model_is_kept(tmp_path: Path) -> No
 def test_reliability_bench_quick_writes_the_report(tmp_path: Path) -> None:
     assert main(["--quick", "--dataset", "digits", "--workers", "2", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "reliability_digits_quick.md").read_text()
-    for section in ("## Attacks", "## Faults", "## Bad input", "## Astraea"):
+    for section in ("## Attacks", "## What `sample_clip: 1`", "## Faults", "## Bad input"):
         assert section in text
     assert "traceback" not in text.split("## Bad input")[1].split("## Astraea")[0]
     doc = json.loads((tmp_path / "reliability_digits_quick.json").read_text())
@@ -113,6 +152,13 @@ def test_reliability_bench_quick_writes_the_report(tmp_path: Path) -> None:
         and s["aggregator"] in ("fedloss", "fedloss_n")
     ]
     assert len(one_liar) == 2 and all(s["liar_within_top_honest"] for s in one_liar)
+    sample_liar = {
+        s["aggregator"]: s["liar_within_top_honest"]
+        for s in doc["summary"]
+        if s["attack"] == "sample-count inflation"
+    }
+    assert sample_liar["fedavg"] is False and sample_liar["fedavg (sample_clip 1)"] is True
+    assert [q["aggregator"] for q in doc["quantity"]] == ["fedavg", "fedavgm", "fedloss_n"]
     assert (tmp_path / "reliability_digits_quick.png").stat().st_size > 10_000
 
 

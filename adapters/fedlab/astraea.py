@@ -51,7 +51,12 @@ from fl_adapters.astraea import (
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.payload import pack_meta
-from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer, LocalConfig, train_client
+from fl_adapters.fedlab.trainer import (
+    FedBalanceSerialTrainer,
+    LocalConfig,
+    UplinkHook,
+    train_client,
+)
 from fl_aggregators.astraea import Astraea
 
 log = logging.getLogger(__name__)
@@ -272,6 +277,12 @@ class AstraeaServerHandler(FedBalanceServerHandler):
         return load_per_mediator(self, payload, len(self.round_mediators))
 
     def global_update(self, buffer: list[list[torch.Tensor]]) -> None:
+        for m, payload in enumerate(buffer):  # n_m is reported: hold it to what the plan allows
+            claimed = int(payload[1][1]) if len(payload) > 1 and len(payload[1]) > 1 else None
+            if claimed is not None:
+                n = self.planner.bound_samples(self.round_mediators[m], claimed)
+                if n != claimed:
+                    payload[1] = pack_meta(m, n, None)
         rad_and_layout = 4 * (
             len(self.planner.rad) + encode_mediators(self.round_mediators).numel()
         )
@@ -334,8 +345,9 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
         cfg: LocalConfig,
         mediator_epochs: int = 1,
         client_ids: Sequence[int] | None = None,
+        uplink_hook: UplinkHook | None = None,
     ) -> None:
-        super().__init__(model, data, cfg, client_ids)
+        super().__init__(model, data, cfg, client_ids, uplink_hook=uplink_hook)
         self.mediator_epochs = mediator_epochs
         self.rebalanced = RebalancedData(data, cfg.seed)
         self.trace: list[tuple[int, int, int]] = []
@@ -365,6 +377,8 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
                 self.participations[client] = k + 1
                 self.trace.append((self.rounds, m, client))
                 package = train_client(self._model, w, self.rebalanced, client, k, self.cfg)
+                if self.uplink_hook is not None:  # what this member would report
+                    package = self.uplink_hook(client, w, package)
                 return package[0], int(package[1][1])
 
             result = run_mediator(members, params, train_one, self.mediator_epochs)

@@ -275,8 +275,8 @@ def run_standalone(
 ) -> dict[str, Any]:
     """One run in FedLab's ``StandalonePipeline``; returns the summary.
 
-    ``uplink_hook`` (not for mediated aggregators) rewrites what clients send: see
-    :class:`~fl_adapters.fedlab.trainer.FedBalanceSerialTrainer`. ``resume`` continues from
+    ``uplink_hook`` rewrites what clients send (with mediators: what each member reports to
+    its mediator): see :class:`~fl_adapters.fedlab.trainer.FedBalanceSerialTrainer`. ``resume`` continues from
     ``out_dir/checkpoint.pt``.
     """
     from fedlab.core.standalone import StandalonePipeline
@@ -294,10 +294,12 @@ def run_standalone(
     handler = make_handler(exp, on_round=writer)
     trainer: FedBalanceSerialTrainer
     if isinstance(handler, AstraeaServerHandler):
-        if uplink_hook is not None:
-            raise ValueError("uplink_hook is not supported with mediated aggregators")
         trainer = AstraeaSerialTrainer(
-            _copy_model(exp.model), exp.data, exp.local, handler.astraea.mediator_epochs
+            _copy_model(exp.model),
+            exp.data,
+            exp.local,
+            handler.astraea.mediator_epochs,
+            uplink_hook=uplink_hook,
         )
         writer.astraea = handler.planner
     else:
