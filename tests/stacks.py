@@ -11,8 +11,10 @@ test run.
 torch is not installed again per stack: its distributions (torch, torchvision and everything
 they require, ~5 GB) are hard-linked from the test environment by their ``RECORD`` files,
 which takes seconds. pip sees them as installed, exactly as in a user's environment where
-torch came first. Everything else comes from the package index (pip's cache makes that fast
-after the first time).
+torch came first. The host's own distributions (FedML 0.9.6 with the ~100 packages it pulls,
+FedLab 1.3.0) are linked the same way when the test environment holds versions the recipe
+allows — it installed them from the same index with the same pins — and ``pip install`` of
+the recipe then only confirms them; otherwise pip installs them from the index.
 """
 
 from __future__ import annotations
@@ -107,7 +109,10 @@ def _site(venv: Path) -> Path:
 
 def _stamp(stack: str) -> str:
     shared = {d.metadata["Name"]: d.version for d in _closure(SHARED)}
-    text = json.dumps([RECIPES[stack], shared, sysconfig.get_python_version()], sort_keys=True)
+    linked = {d.metadata["Name"]: d.version for d in _closure(_satisfied_here(RECIPES[stack]))}
+    text = json.dumps(
+        [RECIPES[stack], shared, linked, sysconfig.get_python_version()], sort_keys=True
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -119,6 +124,21 @@ def ensure(stack: str) -> Path:
         return _ensure(stack)
 
 
+def _satisfied_here(recipe: list[str]) -> tuple[str, ...]:
+    """The recipe's packages, if this environment has every one at an allowed version."""
+    names = []
+    for text in recipe:
+        req = Requirement(text)
+        try:
+            version = md.version(req.name)
+        except md.PackageNotFoundError:
+            return ()
+        if not req.specifier.contains(version, prereleases=True):
+            return ()
+        names.append(req.name)
+    return tuple(names)
+
+
 def _ensure(stack: str) -> Path:
     venv = HOME / stack
     stamp = venv / ".stack"
@@ -127,8 +147,10 @@ def _ensure(stack: str) -> Path:
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     site = _site(venv)
-    for dist in _closure(SHARED):
-        _link_distribution(dist, site)
+    own = {_norm(d.metadata["Name"]) for d in md.distributions(path=[str(site)])}  # pip, ...
+    for dist in _closure((*SHARED, *_satisfied_here(RECIPES[stack]))):
+        if _norm(dist.metadata["Name"]) not in own:
+            _link_distribution(dist, site)
     if RECIPES[stack]:
         subprocess.run([str(python_of(stack)), *PIP, "install", *RECIPES[stack]], check=True)
     stamp.write_text(_stamp(stack))
