@@ -75,6 +75,37 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool:
     return True
 
 
+CPU_LOG = os.environ.get("FEDBALANCE_TEST_CPU")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With ``FEDBALANCE_TEST_CPU=FILE``, one JSON line per test: wall time and the CPU time of
+    the test process and of the processes it started and waited for (the 20-minute budget of
+    `make test` is CPU on two cores; wall times of parallel tests hide who spends it)."""
+    if not CPU_LOG:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu(who: int) -> float:
+        r = resource.getrusage(who)
+        return r.ru_utime + r.ru_stime
+
+    wall, own, kids = time.monotonic(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    yield
+    line = {
+        "test": item.nodeid,
+        "wall": round(time.monotonic() - wall, 2),
+        "cpu": round(cpu(resource.RUSAGE_SELF) - own, 2),
+        "cpu_children": round(cpu(resource.RUSAGE_CHILDREN) - kids, 2),
+    }
+    with open(CPU_LOG, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
 # One intra-op thread: tests start host processes beside the test process on 2 cores, and
 # oversubscribed threads slow every one of them down.
 torch.set_num_threads(1)
