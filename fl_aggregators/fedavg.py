@@ -41,21 +41,13 @@ from fl_aggregators.update import ClientUpdate
 log = logging.getLogger(__name__)
 
 
-def check_update_clip(value: float | None) -> float | None:
+def check_clip(value: float | None, name: str) -> float | None:
+    """A bound parameter: ``None`` (off) or a finite float >= 1."""
     if value is None:
         return None
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value < 1:
-        raise ValueError(f"update_clip must be None or a finite float >= 1, got {value!r}")
-    return float(value)
-
-
-def check_sample_clip(value: float | None) -> float | None:
-    if value is None:
-        return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 1:
-        raise ValueError(f"sample_clip must be None or a finite float >= 1, got {value!r}")
+        raise ValueError(f"{name} must be None or a finite float >= 1, got {value!r}")
     return float(value)
 
 
@@ -69,8 +61,8 @@ class FedAvg(Aggregator):
         self, *, update_clip: float | None = None, sample_clip: float | None = None
     ) -> None:
         super().__init__()
-        self.update_clip = check_update_clip(update_clip)
-        self.sample_clip = check_sample_clip(sample_clip)
+        self.update_clip = check_clip(update_clip, "update_clip")
+        self.sample_clip = check_clip(sample_clip, "sample_clip")
         self._scales: list[float] | None = None
 
     def bounded_counts(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:

@@ -32,22 +32,13 @@ from collections.abc import Sequence
 
 import torch
 
-from fl_aggregators.fedavg import FedAvg
+from fl_aggregators.fedavg import FedAvg, check_clip
 from fl_aggregators.functional import bound_losses, normalize
 from fl_aggregators.update import ClientUpdate
 
 log = logging.getLogger(__name__)
 
 METRIC = "val_loss"
-
-
-def check_clip(value: float | None, name: str = "loss_clip") -> float | None:
-    if value is None:
-        return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1
-    if not ok or value != value or value == float("inf"):
-        raise ValueError(f"{name} must be None or a finite float >= 1, got {value!r}")
-    return float(value)
 
 
 class FedLoss(FedAvg):
@@ -64,7 +55,7 @@ class FedLoss(FedAvg):
         update_clip: float | None = None,
     ) -> None:
         super().__init__(update_clip=update_clip)
-        self.loss_clip = check_clip(loss_clip)
+        self.loss_clip = check_clip(loss_clip, "loss_clip")
         self.peer_clip = check_clip(peer_clip, "peer_clip")
 
     def bounded_losses(self, updates: Sequence[ClientUpdate], peer: bool = True) -> torch.Tensor:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fl_aggregators.fedavg import FedAvg, check_sample_clip
+from fl_aggregators.fedavg import FedAvg, check_clip
 from fl_aggregators.fedloss import FedLoss
 from fl_aggregators.functional import bound_losses, normalize
 from fl_aggregators.update import ClientUpdate
@@ -42,7 +42,7 @@ class FedLossN(FedLoss):
         sample_clip: float | None = None,
     ) -> None:
         super().__init__(loss_clip=loss_clip, peer_clip=peer_clip, update_clip=update_clip)
-        self.sample_clip = check_sample_clip(sample_clip)
+        self.sample_clip = check_clip(sample_clip, "sample_clip")
         if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
             raise ValueError(f"mix must be a float in [0, 1], got {mix!r}")
         if not isinstance(size_aware, bool):
