@@ -134,7 +134,11 @@ class SpAstraea:
         params = [self.results[m][0] for m in range(len(self.mediators))]
         annotate_round(self.planner, self.aggregator, self.mediators, params)
         return [
-            (self.results[m][1], attach(params[m], m, None)) for m in range(len(self.mediators))
+            (
+                self.planner.bound_samples(self.mediators[m], self.results[m][1]),
+                attach(params[m], m, None),
+            )
+            for m in range(len(self.mediators))
         ]
 
 
@@ -240,4 +244,8 @@ class SiloAstraea:
         """One ``(n_m, params)`` per mediator; annotates the record (mediators by data index)."""
         results = self.relay.results()
         annotate_round(self.planner, self.aggregator, self.relay.mediators, [p for p, _ in results])
-        return [(n, attach(params, m, None)) for m, (params, n) in enumerate(results)]
+        mediators = self.relay.mediators
+        return [
+            (self.planner.bound_samples(mediators[m], n), attach(params, m, None))
+            for m, (params, n) in enumerate(results)
+        ]
