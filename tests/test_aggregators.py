@@ -419,12 +419,16 @@ def test_sample_clip_holds_a_count_liar_to_the_runner_up_by_hand() -> None:
     assert FedAvg().aggregate(torch.zeros(2), ups).weights[2] == pytest.approx(4000 / 4004)
     for agg in (FedAvg(sample_clip=1.0), FedAvgM(sample_clip=1.0)):
         assert agg.aggregate(torch.zeros(2), ups).weights == pytest.approx([1 / 7, 3 / 7, 3 / 7])
-    # Honest counts within the bound are untouched; a looser bound caps at c x the runner-up.
+    # A margin: counts within 2x the runner-up's are believed, beyond it counted as its.
     assert FedAvg(sample_clip=2.0).aggregate(torch.zeros(2), three_clients()).weights == (
         pytest.approx([1 / 8, 3 / 8, 4 / 8])
     )
     assert FedAvg(sample_clip=2.0).aggregate(torch.zeros(2), ups).weights == (
-        pytest.approx([1 / 10, 3 / 10, 6 / 10])
+        pytest.approx([1 / 7, 3 / 7, 3 / 7])
+    )
+    two = ups[1:]  # with two clients neither can be told apart from a liar
+    assert FedAvg(sample_clip=1.0).aggregate(torch.zeros(2), two).weights == (
+        pytest.approx([3 / 4003, 4000 / 4003])
     )
 
 

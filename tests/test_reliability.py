@@ -141,7 +141,7 @@ def test_when_every_client_is_bad_the_global_model_is_kept(tmp_path: Path) -> No
 def test_reliability_bench_quick_writes_the_report(tmp_path: Path) -> None:
     assert main(["--quick", "--dataset", "digits", "--workers", "2", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "reliability_digits_quick.md").read_text()
-    for section in ("## Attacks", "## What `sample_clip: 1`", "## Faults", "## Bad input"):
+    for section in ("## Attacks", "## What `sample_clip` costs", "## Faults", "## Bad input"):
         assert section in text
     assert "traceback" not in text.split("## Bad input")[1].split("## Astraea")[0]
     doc = json.loads((tmp_path / "reliability_digits_quick.json").read_text())
@@ -158,7 +158,11 @@ def test_reliability_bench_quick_writes_the_report(tmp_path: Path) -> None:
         if s["attack"] == "sample-count inflation"
     }
     assert sample_liar["fedavg"] is False and sample_liar["fedavg (sample_clip 1)"] is True
-    assert [q["aggregator"] for q in doc["quantity"]] == ["fedavg", "fedavgm", "fedloss_n"]
+    assert [(q["aggregator"], q["sample_clip"]) for q in doc["quantity"]][:3] == [
+        ("fedavg", None),
+        ("fedavg", 1.0),
+        ("fedavg", 20.0),
+    ]
     assert (tmp_path / "reliability_digits_quick.png").stat().st_size > 10_000
 
 
