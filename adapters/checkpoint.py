@@ -39,11 +39,14 @@ class CheckpointError(ValueError):
 class Checkpoint:
     config: dict[str, Any]
     round: int
-    model: torch.Tensor
+    #: The global parameters: one flat vector (FedLab) or a state dict (FedML).
+    model: torch.Tensor | dict[str, torch.Tensor]
     aggregator: dict[str, Any]
     participations: dict[int, int]
     sampler: list[int] | None = None
     plan: dict[str, Any] | None = None
+    #: Process RNG states where the host draws from global RNGs (FedML sp: torch, numpy).
+    rng: dict[str, Any] | None = None
 
     def save(self, path: Path) -> None:
         doc = {
@@ -56,6 +59,7 @@ class Checkpoint:
             "participations": [[int(c), int(k)] for c, k in sorted(self.participations.items())],
             "sampler": self.sampler,
             "plan": json.dumps(self.plan) if self.plan is not None else None,
+            "rng": self.rng,
         }
         tmp = path.with_name(path.name + ".tmp")
         torch.save(doc, tmp)
@@ -88,6 +92,7 @@ class Checkpoint:
                 participations={int(c): int(k) for c, k in doc["participations"]},
                 sampler=doc["sampler"],
                 plan=json.loads(doc["plan"]) if doc["plan"] is not None else None,
+                rng=doc.get("rng"),  # absent from checkpoints written before FedML resume
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: malformed checkpoint ({type(e).__name__}: {e})") from e
@@ -95,8 +100,7 @@ class Checkpoint:
             isinstance(ckpt.config, dict)
             and isinstance(ckpt.round, int)
             and ckpt.round >= 0
-            and isinstance(ckpt.model, torch.Tensor)
-            and ckpt.model.is_floating_point()
+            and _is_model(ckpt.model)
             and isinstance(ckpt.aggregator, dict)
             and (ckpt.sampler is None or all(isinstance(x, int) for x in ckpt.sampler))
         )
@@ -132,6 +136,16 @@ class Checkpoint:
                 f"rounds must be at least the checkpoint's round ({self.round}) to resume, "
                 f"got {config.get('rounds')!r}"
             )
+
+
+def _is_model(model: Any) -> bool:
+    if isinstance(model, torch.Tensor):
+        return model.is_floating_point()
+    return (
+        isinstance(model, dict)
+        and bool(model)
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items())
+    )
 
 
 def sampler_state(rng: Any) -> list[int] | None:

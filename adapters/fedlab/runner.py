@@ -247,6 +247,8 @@ def restore(handler: FedBalanceServerHandler, ckpt: Checkpoint) -> None:
     from fedlab.utils import SerializationTool
 
     expected = SerializationTool.serialize_model(handler.model)
+    if not isinstance(ckpt.model, torch.Tensor):
+        raise CheckpointError("the checkpoint holds a FedML state dict, not a FedLab run's model")
     if ckpt.model.shape != expected.shape:
         raise CheckpointError(
             f"the checkpoint's model has {ckpt.model.numel()} parameters, this run's "
