@@ -159,13 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from fl_adapters.fedml.runner import run_fedml
 
-        if args.resume:
-            raise UsageError(
-                f"--resume: FedML runs ({config.framework}) keep no fedbalance checkpoint; "
-                "resume is for framework fedlab and fedlab-distributed"
-            )
-
-        summary = run_fedml(config, out)
+        summary = run_fedml(config, out, resume=args.resume)
     print(
         json.dumps(
             {k: summary[k] for k in ("rounds", "final_accuracy", "best_accuracy", "best_round")}

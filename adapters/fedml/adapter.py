@@ -189,6 +189,7 @@ def validate(args: Any) -> None:
         from fl_adapters.fedml.ipconfig import check_grpc
 
         check_grpc(args)
+    check_resume(args)
     if getattr(agg, "mediated", False) and HOSTS[mode] in ("fedml-cross-silo", "fedml-mpi"):
         if getattr(agg, "mediator_epochs", 1) != 1:
             raise ValueError(
@@ -196,6 +197,23 @@ def validate(args: Any) -> None:
                 "process trains once a round, as FedML's client counts rounds), got "
                 f"{agg.mediator_epochs}"
             )
+
+
+def check_resume(args: Any) -> None:
+    """``checkpoint_dir`` / ``resume_from``: well-formed, and (on the server) a checkpoint this
+    run can continue, before any training."""
+    from fl_adapters.checkpoint import CheckpointError
+    from fl_adapters.fedml import checkpoint
+
+    checkpoint.checkpoint_path(args)
+    if checkpoint.resume_path(args) is None or int(getattr(args, "rank", 0) or 0) != 0:
+        return
+    ckpt = checkpoint.load(args)
+    if ckpt.round >= int(args.comm_round):
+        raise CheckpointError(
+            f"nothing to resume: the checkpoint holds all {ckpt.round} rounds of comm_round "
+            f"{int(args.comm_round)}; raise comm_round to train more"
+        )
 
 
 def check_world_size(args: Any, mode: tuple[str, str]) -> None:
@@ -246,6 +264,8 @@ def _wrapper(original: Any, host: str, replacement: Any) -> Any:
 
 
 def _sp_client_train(self: Any, original: Any, w_global: Any) -> Any:
+    if STATE.get("skipping"):  # a round the resumed checkpoint holds
+        return w_global
     if "astraea" in STATE:
         # FedML's w_global aliases the shared model, which the previous mediator has trained:
         # every mediator starts from the round's global model, saved before any training.
@@ -260,10 +280,51 @@ def _sp_client_train(self: Any, original: Any, w_global: Any) -> Any:
     )
 
 
-def _sp_sampling(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
+def _sp_train(self: Any, original: Any) -> Any:
+    from fl_adapters.fedml import checkpoint
+
+    if checkpoint.resume_path(self.args) is not None:
+        ckpt = checkpoint.load(self.args)
+        self.model_trainer.set_model_params(ckpt.model)
+        STATE["aggregator"].load_state_dict(ckpt.aggregator)
+        STATE["resume"] = ckpt
+        log.info(
+            "fedbalance: FedML sp resumes after round %d of %d", ckpt.round, self.args.comm_round
+        )
+    result = original(self)
+    _sp_checkpoint(self, int(self.args.comm_round))
+    return result
+
+
+def _sp_checkpoint(self: Any, rounds_done: int) -> None:
+    """sp's checkpoint after ``rounds_done`` rounds, taken as the next round begins (after
+    FedML's test, which draws from torch's RNG through its shuffling loaders)."""
+    from fl_adapters.fedml import checkpoint
+
+    astraea = STATE.get("astraea")
+    checkpoint.save(
+        self.args,
+        rounds_done,
+        self.model_trainer.get_model_params(),
+        STATE["aggregator"],
+        plan=astraea.planner.plan.as_dict() if astraea is not None else None,
+        rng=checkpoint.rng_state(),
+    )
+
+
+def _sp_sampling(self: Any, original: Any, round_idx: Any, *a: Any, **kw: Any) -> Any:
+    from fl_adapters.fedml import checkpoint
+
+    ckpt = STATE.get("resume")
+    done = int(round_idx)  # rounds completed before this one
+    STATE["skipping"] = ckpt is not None and done < ckpt.round
+    if ckpt is not None and done == ckpt.round and ckpt.rng is not None:
+        checkpoint.restore_rng(ckpt.rng)  # where the checkpointed run stood at this point
+    elif done > 0 and not STATE["skipping"]:
+        _sp_checkpoint(self, done)
     # The round's global model, before the clients train the shared model object in place.
     STATE["round_global"] = copy.deepcopy(self.model_trainer.get_model_params())
-    sampled = original(self, *a, **kw)
+    sampled = original(self, round_idx, *a, **kw)
     agg = STATE["aggregator"]
     if not getattr(agg, "mediated", False):
         return sampled
@@ -271,10 +332,20 @@ def _sp_sampling(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
         from fl_adapters.fedml.astraea import SpAstraea
 
         STATE["astraea"] = SpAstraea(self, agg, STATE["seed"])
+        if ckpt is not None:
+            checkpoint.check_plan(ckpt, STATE["astraea"].planner.plan.as_dict())
     return STATE["astraea"].sample(sampled)
 
 
+def _sp_test(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
+    if STATE.get("skipping"):  # the checkpointed run tested this round
+        return None
+    return original(self, *a, **kw)
+
+
 def _sp_aggregate(self: Any, original: Any, w_locals: list[tuple[Any, Any]]) -> Any:
+    if STATE.get("skipping"):  # the model stays the checkpoint's
+        return STATE["round_global"]
     if "astraea" in STATE:  # one update per mediator, not per client slot
         w_locals = STATE["astraea"].model_list()
     return aggregate(w_locals, STATE["round_global"])
@@ -333,7 +404,9 @@ def _silo_send_init(self: Any, original: Any) -> Any:
 
     astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
     STATE["planned_round"] = "init"
-    params = with_rad(self.aggregator.get_global_model_params(), astraea.planner.rad, 1)
+    params = with_rad(
+        self.aggregator.get_global_model_params(), astraea.planner.rad, self.args.round_idx + 1
+    )
     for hop in astraea.first_hops():  # the round's model goes to each mediator's first silo
         self.send_message_init_config(hop.owner, params, hop.clients[0], None, None)
     return None
@@ -402,10 +475,102 @@ def _silo_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
 
 
 def _server_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
+    if not self.is_initialized:
+        _resume_server(self)  # before FedML picks the first round's silos
     if str(getattr(self.args, "backend", "")) == "GRPC" and not self.is_initialized:
         from fl_adapters.fedml.ipconfig import expect_silos
 
         expect_silos(self)  # FedML's server would wait forever for a silo never started
+    return original(self, msg_params)
+
+
+def _resume_server(manager: Any) -> None:
+    """MPI simulation / cross-silo server: start at the checkpoint's round with its model."""
+    from fl_adapters.fedml import checkpoint
+
+    if "first_round" in STATE or checkpoint.resume_path(manager.args) is None:
+        return
+    ckpt = checkpoint.load(manager.args)
+    astraea = _silo_astraea(manager)
+    if astraea is not None:
+        checkpoint.check_plan(ckpt, astraea.planner.plan.as_dict())
+    manager.aggregator.set_global_model_params(ckpt.model)
+    STATE["aggregator"].load_state_dict(ckpt.aggregator)
+    manager.args.round_idx = ckpt.round
+    STATE["first_round"] = ckpt.round
+    log.info(
+        "fedbalance: FedML %s resumes after round %d of %d",
+        STATE["host"],
+        ckpt.round,
+        manager.args.comm_round,
+    )
+
+
+def _server_checkpoint(aggregator: Any, params: Any) -> None:
+    """MPI simulation / cross-silo: the server's checkpoint after the round it aggregated."""
+    from fl_adapters.fedml import checkpoint
+
+    astraea = STATE.get("silo_astraea")
+    checkpoint.save(
+        aggregator.args,
+        aggregator.args.round_idx + 1,
+        params,
+        STATE["aggregator"],
+        plan=astraea.planner.plan.as_dict() if astraea is not None else None,
+    )
+
+
+def _tag_init(self: Any, original: Any, receive_id: Any, params: Any, *a: Any, **kw: Any) -> Any:
+    """A resumed server's first messages carry its round: FedML's clients count rounds
+    themselves (and stop on the count), from 0 unless told."""
+    if "first_round" in STATE and isinstance(params, dict):
+        from fl_adapters.fedml.payload import KEY_ROUND
+
+        if KEY_ROUND not in params:
+            params = OrderedDict(params)
+            params[KEY_ROUND] = torch.tensor(self.args.round_idx + 1, dtype=torch.int64)
+    return original(self, receive_id, params, *a, **kw)
+
+
+def _server_round(msg_params: Any) -> int | None:
+    """The server's round number (from 1) a downlink carries, if it carries one."""
+    from fl_adapters.fedml.payload import KEY_ROUND
+
+    params = msg_params.get("model_params")
+    if isinstance(params, dict) and KEY_ROUND in params:
+        return int(params[KEY_ROUND])
+    return None
+
+
+def _mpi_client_init(self: Any, original: Any, msg_params: Any) -> Any:
+    server_round = _server_round(msg_params)
+    out = original(self, msg_params)  # counts from round 0 and trains it
+    if server_round is not None:
+        self.args.round_idx = server_round - 1
+        if server_round >= int(self.num_rounds):  # a resumed run's only round: no sync follows,
+            self.finish()  # and FedML's clients finish only after one
+    return out
+
+
+def _mpi_client_sync(self: Any, original: Any, msg_params: Any) -> Any:
+    server_round = _server_round(msg_params)
+    if server_round is not None:  # FedML adds one, trains, and stops after the last round
+        self.args.round_idx = server_round - 2
+    return original(self, msg_params)
+
+
+def _silo_client_init(self: Any, original: Any, msg_params: Any) -> Any:
+    server_round = _server_round(msg_params)
+    out = original(self, msg_params)  # trains round 0 and counts it
+    if server_round is not None:
+        self.round_idx = server_round
+    return out
+
+
+def _silo_client_sync(self: Any, original: Any, msg_params: Any) -> Any:
+    server_round = _server_round(msg_params)
+    if server_round is not None:  # FedML trains while its count is below comm_round
+        self.round_idx = server_round - 1
     return original(self, msg_params)
 
 
@@ -426,6 +591,7 @@ def _mpi_plan(manager: Any) -> Any:
 
 
 def _mpi_send_init(self: Any, original: Any) -> Any:
+    _resume_server(self)
     if not getattr(STATE["aggregator"], "mediated", False):
         return original(self)
     from fl_adapters.fedml.astraea import with_rad
@@ -434,7 +600,9 @@ def _mpi_send_init(self: Any, original: Any) -> Any:
         self.args.round_idx, self.args.client_num_in_total, self.args.client_num_per_round
     )
     astraea = _mpi_plan(self)
-    params = with_rad(self.aggregator.get_global_model_params(), astraea.planner.rad, 1)
+    params = with_rad(
+        self.aggregator.get_global_model_params(), astraea.planner.rad, self.args.round_idx + 1
+    )
     for hop in astraea.first_hops():  # the round's model goes to each mediator's first worker
         self.send_message_init_config(hop.owner, params, hop.clients[0])
     return None
@@ -454,7 +622,7 @@ def _mpi_receive(self: Any, original: Any, msg_params: Any) -> Any:
     nxt = astraea.received(sender, params, n)
     if nxt is not None:  # the server plays the mediator: pass the model on
         relayed = with_rad(params, astraea.planner.rad, self.args.round_idx + 1)
-        if self.args.round_idx == 0:  # a worker's first message must be FedML's init
+        if self.args.round_idx == STATE.get("first_round", 0):  # a worker's first message: init
             self.send_message_init_config(nxt.owner, relayed, nxt.clients[0])
         else:
             STATE["forwarding"] = True
@@ -495,6 +663,7 @@ def _mpi_aggregate(self: Any, original: Any) -> Any:
         model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.worker_num)]
     averaged = aggregate(model_list, self.get_global_model_params())
     self.set_global_model_params(averaged)
+    _server_checkpoint(self, averaged)
     return averaged
 
 
@@ -509,6 +678,7 @@ def _cross_silo_aggregate(self: Any, original: Any) -> Any:
     averaged = aggregate(model_list, self.get_global_model_params())
     averaged = self.aggregator.on_after_aggregation(averaged)
     self.set_global_model_params(averaged)
+    _server_checkpoint(self, averaged)
     return averaged, model_list, idxes
 
 
@@ -523,6 +693,54 @@ TARGETS = (
         _sp_sampling,
     ),
     ("fedml.simulation.sp.fedavg.fedavg_api", "FedAvgAPI", "_aggregate", "fedml-sp", _sp_aggregate),
+    # Checkpoints and resume (fl_adapters.fedml.checkpoint).
+    ("fedml.simulation.sp.fedavg.fedavg_api", "FedAvgAPI", "train", "fedml-sp", _sp_train),
+    *(
+        ("fedml.simulation.sp.fedavg.fedavg_api", "FedAvgAPI", test, "fedml-sp", _sp_test)
+        for test in ("_local_test_on_all_clients", "_local_test_on_validation_set")
+    ),
+    (
+        "fedml.simulation.mpi.fedavg.FedAvgServerManager",
+        "FedAVGServerManager",
+        "send_message_init_config",
+        "fedml-mpi",
+        _tag_init,
+    ),
+    (
+        "fedml.simulation.mpi.fedavg.FedAvgClientManager",
+        "FedAVGClientManager",
+        "handle_message_init",
+        "fedml-mpi",
+        _mpi_client_init,
+    ),
+    (
+        "fedml.simulation.mpi.fedavg.FedAvgClientManager",
+        "FedAVGClientManager",
+        "handle_message_receive_model_from_server",
+        "fedml-mpi",
+        _mpi_client_sync,
+    ),
+    (
+        "fedml.cross_silo.server.fedml_server_manager",
+        "FedMLServerManager",
+        "send_message_init_config",
+        "fedml-cross-silo",
+        _tag_init,
+    ),
+    (
+        "fedml.cross_silo.client.fedml_client_master_manager",
+        "ClientMasterManager",
+        "handle_message_init",
+        "fedml-cross-silo",
+        _silo_client_init,
+    ),
+    (
+        "fedml.cross_silo.client.fedml_client_master_manager",
+        "ClientMasterManager",
+        "handle_message_receive_model_from_server",
+        "fedml-cross-silo",
+        _silo_client_sync,
+    ),
     (
         "fedml.simulation.mpi.fedavg.FedAVGTrainer",
         "FedAVGTrainer",

@@ -153,9 +153,9 @@ def with_rad(params: Any, rad: Any, round_number: int) -> OrderedDict[str, Any]:
 
 def take_rad(params: Any) -> tuple[Any, Any, int | None]:
     """``(params without reserved keys, rad or None, round or None)`` from an MPI downlink."""
-    if not isinstance(params, dict) or KEY_RAD not in params:
+    if not isinstance(params, dict) or (KEY_RAD not in params and KEY_ROUND not in params):
         return params, None, None
-    rad = params[KEY_RAD].double().numpy()
+    rad = params[KEY_RAD].double().numpy() if KEY_RAD in params else None  # a resumed round only
     rnd = params.get(KEY_ROUND)
     clean, _, _ = strip(params)
     return clean, rad, None if rnd is None else int(rnd)

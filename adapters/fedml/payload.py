@@ -18,8 +18,8 @@ KEY_LOSS = "__fedbalance_val_loss__"
 KEY_CLIENT = "__fedbalance_client__"
 #: Astraea's per-class ratios, server -> MPI clients.
 KEY_RAD = "__fedbalance_astraea_rad__"
-#: Astraea: the server's round number (from 1), server -> MPI clients; it seeds their training
-#: (a relayed client's own round counter need not match the server's).
+#: The server's round number (from 1), server -> MPI / gRPC clients: Astraea's relayed models
+#: (it seeds their training) and a resumed server's first round (clients set their count).
 KEY_ROUND = "__fedbalance_astraea_round__"
 RESERVED = (KEY_LOSS, KEY_CLIENT, KEY_RAD, KEY_ROUND)
 

@@ -8,8 +8,10 @@ with ``backend: grpc`` over FedML's gRPC backend: one process per rank on 127.0.
 --role server``, ``--rank N --role client``) with a generated ``grpc_ipconfig.csv`` on free
 ports, watched so that one dead rank stops them all.
 Outputs: ``fedml.yaml``, ``fedml.log`` (gRPC: the server's; ``fedml-rank<N>.log`` per silo),
-``aggregations.jsonl`` (the recorder), ``metrics.jsonl`` (per round: clients, weights, and
-FedML's logged test accuracy where it logs one) and ``summary.json``.
+``aggregations.jsonl`` (the recorder), ``checkpoint.pt`` (the server's, after every round),
+``metrics.jsonl`` (per round: clients, weights, and FedML's logged test accuracy where it logs
+one) and ``summary.json``. ``resume=True`` continues from ``checkpoint.pt`` (the host's
+``resume_from:``); the stopped run's log is kept as ``fedml.log.<N>``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from fl_adapters.checkpoint import NAME as CHECKPOINT
+from fl_adapters.checkpoint import Checkpoint, CheckpointError
 from fl_adapters.config import RunConfig, RunFailed
 from fl_adapters.processes import stop, watch
 
@@ -41,8 +45,14 @@ def example_dir() -> Path:
     return Path(fedbalance_benchmarks.__file__).resolve().parent / "fedml_example"
 
 
-def fedml_config(config: RunConfig, ipconfig: Path | None = None) -> dict[str, Any]:
-    """The FedML YAML (as a dict) for ``config`` (``ipconfig``: the gRPC ranks' file)."""
+def fedml_config(
+    config: RunConfig,
+    ipconfig: Path | None = None,
+    checkpoint_dir: Path | None = None,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """The FedML YAML (as a dict) for ``config`` (``ipconfig``: the gRPC ranks' file;
+    ``checkpoint_dir``: where the server checkpoints, and with ``resume`` resumes from)."""
     training_type, backend = MODES[config.framework]
     if config.backend == "grpc":
         backend = "GRPC"
@@ -90,6 +100,10 @@ def fedml_config(config: RunConfig, ipconfig: Path | None = None) -> dict[str, A
         doc["data_args"]["max_samples"] = config.max_samples
     if training_type == "cross_silo":
         doc["environment_args"] = {"bootstrap": ""}
+    if checkpoint_dir is not None:
+        doc["train_args"]["checkpoint_dir"] = str(checkpoint_dir)
+        if resume:
+            doc["train_args"]["resume_from"] = str(checkpoint_dir)
     return doc
 
 
@@ -115,13 +129,23 @@ def command(config: RunConfig, cfg_path: Path) -> list[str]:
     ]
 
 
-def run_fedml(config: RunConfig, out_dir: Path, timeout: float = 3600) -> dict[str, Any]:
+def run_fedml(
+    config: RunConfig, out_dir: Path, timeout: float = 3600, resume: bool = False
+) -> dict[str, Any]:
     grpc = config.backend == "grpc"
     if grpc:
         from fl_adapters.fedml.ipconfig import require_grpcio
 
         require_grpcio()  # before anything is written or started
     out_dir = out_dir.resolve()
+    if resume:  # refuse a checkpoint this config cannot continue before anything changes
+        from types import SimpleNamespace
+
+        from fl_adapters.fedml.adapter import check_resume
+
+        doc = fedml_config(config, checkpoint_dir=out_dir, resume=True)
+        check_resume(SimpleNamespace(**{k: v for part in doc.values() for k, v in part.items()}))
+        keep_completed_rounds(config, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = out_dir / "fedml.yaml"
     ipconfig = out_dir / "grpc_ipconfig.csv"
@@ -129,11 +153,12 @@ def run_fedml(config: RunConfig, out_dir: Path, timeout: float = 3600) -> dict[s
         from fl_adapters.fedml.ipconfig import free_ports, write_ipconfig
 
         write_ipconfig(ipconfig, free_ports(config.clients_per_round + 1))
-    cfg_path.write_text(
-        yaml.safe_dump(fedml_config(config, ipconfig if grpc else None), sort_keys=False)
-    )
+    doc = fedml_config(config, ipconfig if grpc else None, out_dir, resume)
+    cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     record = out_dir / "aggregations.jsonl"
-    record.unlink(missing_ok=True)
+    if not resume:
+        for stale in (record, out_dir / "metrics.jsonl", out_dir / CHECKPOINT):
+            stale.unlink(missing_ok=True)
     env = {**os.environ, "FEDBALANCE_RECORD": str(record)}
     if grpc:
         # Every rank on this machine: one torch thread each unless the user says otherwise
@@ -153,13 +178,55 @@ def run_fedml(config: RunConfig, out_dir: Path, timeout: float = 3600) -> dict[s
         except subprocess.TimeoutExpired as e:
             raise RunFailed(
                 f"FedML run did not finish within {timeout:.0f} s; see {out_dir}/fedml.log"
+                f"{resume_hint(out_dir)}"
             ) from e
     if proc.returncode != 0:
+        dead = mpi_casualty((out_dir / "fedml.log").read_text(errors="replace"))
         raise RunFailed(
-            f"FedML exited with code {proc.returncode} after {progress(config, record)}; "
-            f"see {out_dir}/fedml.log"
+            f"FedML exited with code {proc.returncode}{f' ({dead})' if dead else ''} after "
+            f"{progress(config, record)}; see {out_dir}/fedml.log{resume_hint(out_dir)}"
         )
     return collect(config, out_dir)
+
+
+def mpi_casualty(log: str) -> str | None:
+    """What mpirun says killed the job (``process rank 1 exited on signal 9 (Killed)``)."""
+    m = re.search(
+        r"noticed that process rank (\d+) with PID \d+ on node \S+ exited on (signal \d+[^.\n]*)",
+        log,
+    )
+    return f"process rank {m[1]} exited on {m[2].strip()}" if m else None
+
+
+def resume_hint(out_dir: Path) -> str:
+    """Where to resume a stopped run from (its checkpoint's round), or nothing."""
+    path = out_dir / CHECKPOINT
+    try:
+        done = Checkpoint.load(path).round
+    except CheckpointError:
+        return "; no round had completed, so there is no checkpoint"
+    return f"; {path} holds round {done}: `fedbalance run --resume` continues from it"
+
+
+def keep_completed_rounds(config: RunConfig, out_dir: Path) -> None:
+    """Before a resume: the stopped run's rows up to its checkpoint into ``metrics.jsonl``, its
+    log set aside (``fedml.log.<N>``), its recorder lines after the checkpoint dropped."""
+    ckpt = Checkpoint.load(out_dir / CHECKPOINT)  # a missing or foreign file is a clear error
+    rows = [r for r in collect_rows(config, out_dir) if r["round"] <= ckpt.round]
+    if [r["round"] for r in rows] != list(range(1, ckpt.round + 1)):
+        raise CheckpointError(
+            f"{out_dir} does not hold the records of rounds 1..{ckpt.round} of the checkpointed "
+            "run; resume in the directory the run wrote"
+        )
+    (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = out_dir / "aggregations.jsonl"
+    kept = [x for x in record.read_text().splitlines() if json.loads(x)["round"] <= ckpt.round]
+    record.write_text("".join(x + "\n" for x in kept))
+    n = 1
+    while (out_dir / f"fedml.log.{n}").exists():
+        n += 1
+    for log in out_dir.glob("fedml*.log"):
+        log.rename(log.with_name(f"{log.name}.{n}"))
 
 
 def progress(config: RunConfig, record: Path) -> str:
@@ -205,30 +272,50 @@ def run_grpc(
         raise RunFailed(
             f"FedML cross-silo over gRPC: {failed} after "
             f"{progress(config, out_dir / 'aggregations.jsonl')}; every other process was "
-            f"stopped. See {logs[dead]}"
+            f"stopped. See {logs[dead]}{resume_hint(out_dir)}"
         )
 
 
-def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
-    """``metrics.jsonl`` and ``summary.json`` from the recorder and FedML's log."""
+def tested_rounds(first: int, rounds: int, every: int) -> list[int]:
+    """The rounds (from 1) FedML tests in a run that starts at round ``first``: every mode
+    tests round index ``i`` when ``i % frequency_of_the_test == 0`` and the last one."""
+    return [r for r in range(first, rounds + 1) if (r - 1) % every == 0 or r == rounds]
+
+
+def collect_rows(config: RunConfig, out_dir: Path) -> list[dict[str, Any]]:
+    """Per-round rows: those kept from before a resume (``metrics.jsonl``), then the recorder's
+    later rounds with FedML's logged test accuracy of each round it tested."""
+    done = out_dir / "metrics.jsonl"
+    kept = [json.loads(x) for x in done.read_text().splitlines()] if done.exists() else []
     record = out_dir / "aggregations.jsonl"
     aggregations = (
         [json.loads(x) for x in record.read_text().splitlines()] if record.exists() else []
     )
+    log = out_dir / "fedml.log"
     accs = [
         float(a)
-        for a in re.findall(r"'test_acc': ([0-9.eE+-]+)", (out_dir / "fedml.log").read_text())
+        for a in re.findall(r"'test_acc': ([0-9.eE+-]+)", log.read_text() if log.exists() else "")
     ]
-    rows = []
-    for i, agg in enumerate(aggregations):
+    first = len(kept) + 1
+    acc = dict(zip(tested_rounds(first, config.rounds, config.eval_every), accs, strict=False))
+    rows = list(kept)
+    for agg in aggregations:
+        if agg["round"] < first:
+            continue
         row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")} | {
             "rejected": len(agg["rejected"])
         }
         if "mediators" in agg:  # Astraea: the round's mediators (silo indexes), as FedLab's rows
             row.update(mediators=agg["mediators"], mediator_kl=agg["kl"])
-        if i < len(accs):
-            row["test_accuracy"] = accs[i]
+        if agg["round"] in acc:
+            row["test_accuracy"] = acc[agg["round"]]
         rows.append(row)
+    return rows
+
+
+def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
+    """``metrics.jsonl`` and ``summary.json`` from the recorder and FedML's log."""
+    rows = collect_rows(config, out_dir)
     (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     evals = [r for r in rows if "test_accuracy" in r]
     best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None

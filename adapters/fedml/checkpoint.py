@@ -1,0 +1,182 @@
+"""FedML checkpoints and resume, keyed by two YAML fields of an unmodified host.
+
+``checkpoint_dir: DIR`` (any section): the server writes ``DIR/checkpoint.pt`` after every
+round, the same kind of file FedLab runs write (:mod:`fl_adapters.checkpoint`): the global state
+dict, the aggregator's state (FedAvgM's momentum), the round, the Astraea plan and, in sp, the
+process's RNG states. ``resume_from: DIR`` (or the file) continues a run from it.
+
+How each mode resumes (FedML's loops are left as they are):
+
+* **sp** runs its loop from round 1, but the rounds the checkpoint holds pass without training,
+  aggregation or test (sampling still runs: FedML seeds it by round). The first round after
+  them restores the RNG states the checkpoint took at that same point, so the resumed run ends
+  on exactly the model of an uninterrupted one.
+* **MPI simulation and cross-silo** (MPI and gRPC): the server starts at the checkpoint's round
+  with its model, and its first message to each process carries the round number, from which
+  the client sets its own round counter (FedML's clients count rounds themselves and stop on
+  it). Local training draws from each process's own RNG, so these continue from the same model
+  but are not bit-identical to an uninterrupted run.
+
+FedML's client sampling is seeded by the round index in every mode, so there is no sampler
+state to keep.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError
+
+log = logging.getLogger(__name__)
+
+#: The FedML args a resumed run must share with the checkpointed one.
+SAME = (
+    "training_type",
+    "backend",
+    "dataset",
+    "partition_method",
+    "partition_alpha",
+    "partition_spec",
+    "max_samples",
+    "model",
+    "client_num_in_total",
+    "client_num_per_round",
+    "epochs",
+    "batch_size",
+    "client_optimizer",
+    "learning_rate",
+    "weight_decay",
+    "random_seed",
+    "aggregator",
+    "aggregator_args",
+    "val_fraction",
+)
+#: May change on resume (a longer run continues a shorter one).
+MAY_CHANGE = ("comm_round", "frequency_of_the_test")
+
+
+def _path(args: Any, field: str) -> Path | None:
+    value = getattr(args, field, None)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, (str, Path)):
+        raise ValueError(f"{field} must be a directory path, got {value!r}")
+    return Path(value).expanduser()
+
+
+def checkpoint_path(args: Any) -> Path | None:
+    """Where the server writes its checkpoint (``checkpoint_dir``), or ``None``."""
+    directory = _path(args, "checkpoint_dir")
+    return None if directory is None else directory / NAME
+
+
+def resume_path(args: Any) -> Path | None:
+    """The checkpoint ``resume_from`` names (a directory holding one, or the file)."""
+    path = _path(args, "resume_from")
+    if path is None:
+        return None
+    return path / NAME if path.is_dir() else path
+
+
+def run_fields(args: Any) -> dict[str, Any]:
+    """The args the checkpoint keeps, as plain JSON values."""
+    out: dict[str, Any] = {}
+    for key in (*SAME, *MAY_CHANGE):
+        value = getattr(args, key, None)
+        out[key] = (
+            value if isinstance(value, (int, float, str, bool, type(None), dict)) else str(value)
+        )
+    return out
+
+
+def load(args: Any) -> Checkpoint:
+    """The checkpoint ``resume_from`` names, checked against this run's args."""
+    path = resume_path(args)
+    if path is None:
+        raise CheckpointError("resume_from is not set")
+    ckpt = Checkpoint.load(path)
+    if not isinstance(ckpt.model, dict):
+        raise CheckpointError(f"{path} was written by a FedLab run, not a FedML one")
+    now = run_fields(args)
+    differ = sorted(k for k in SAME if ckpt.config.get(k) != now.get(k))
+    if differ:
+        detail = "; ".join(
+            f"{k}: checkpoint {ckpt.config.get(k)!r}, now {now[k]!r}" for k in differ
+        )
+        raise CheckpointError(
+            f"{path} was written by a different run ({detail}); only "
+            f"{', '.join(MAY_CHANGE)} may change when resuming"
+        )
+    rounds = int(getattr(args, "comm_round", 0))
+    if rounds < ckpt.round:
+        raise CheckpointError(
+            f"comm_round must be at least the checkpoint's round ({ckpt.round}) to resume, "
+            f"got {rounds}"
+        )
+    return ckpt
+
+
+def save(
+    args: Any,
+    round_number: int,
+    params: Any,
+    aggregator: Any,
+    plan: dict[str, Any] | None = None,
+    rng: dict[str, Any] | None = None,
+) -> None:
+    """Write the round's checkpoint where ``checkpoint_dir`` says (nothing if unset)."""
+    path = checkpoint_path(args)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = {k: v.detach().cpu().clone() for k, v in params.items() if torch.is_tensor(v)}
+    Checkpoint(
+        config=run_fields(args),
+        round=int(round_number),
+        model=model,
+        aggregator=aggregator.state_dict(),
+        participations={},
+        plan=plan,
+        rng=rng,
+    ).save(path)
+
+
+def check_plan(ckpt: Checkpoint, plan: dict[str, Any]) -> None:
+    if ckpt.plan is not None and ckpt.plan != plan:
+        raise CheckpointError(
+            "the Astraea plan from the clients' label counts differs from the checkpoint's: "
+            "the data or partition changed since it was written"
+        )
+
+
+# -- sp: the process's RNG states, taken and restored at the start of a round -----------------
+def rng_state() -> dict[str, Any]:
+    # The legacy global numpy RNG is FedML's (its samplers seed it by round).
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()  # noqa: NPY002
+    version, internal, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": [str(kind), torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos)],
+        "numpy_gauss": [int(has_gauss), float(gauss)],
+        "python": [int(version), *internal],
+        "python_gauss": py_gauss,
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    try:
+        torch.set_rng_state(state["torch"])
+        kind, keys, pos = state["numpy"]
+        has_gauss, gauss = state["numpy_gauss"]
+        legacy = (kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss)
+        np.random.set_state(legacy)  # noqa: NPY002 (the global RNG FedML draws from)
+        py = state["python"]
+        random.setstate((py[0], tuple(py[1:]), state["python_gauss"]))
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"the checkpoint's RNG states are malformed ({e})") from e

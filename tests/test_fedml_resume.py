@@ -1,0 +1,236 @@
+"""FedML checkpoints and resume with real FedML 0.9.6 processes.
+
+sp resumes bit-identically (fedavgm: momentum; fedloss: validation losses); a rank killed in
+MPI simulation or a silo killed over gRPC stops the run within 60 s naming what died and the
+checkpoint, and ``resume`` finishes it. The host is the bundled FedML example, configured by
+``fedbalance run`` (its YAML gains ``checkpoint_dir:`` and ``resume_from:``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from helpers import records
+
+from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError
+from fl_adapters.config import RunConfig
+
+needs_mpi = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs OpenMPI's mpirun")
+
+
+def run_config(tmp_path: Path, name: str, **extra: object) -> RunConfig:
+    doc = {
+        "framework": "fedml-sp",
+        "dataset": "fmnist",
+        "max_samples": 1000,
+        "partition": {"name": "mixed"},
+        "aggregator": "fedloss",
+        "num_clients": 6,
+        "clients_per_round": 2,
+        "rounds": 3,
+        "local_epochs": 1,
+    } | extra
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return RunConfig.load(path)
+
+
+# -- without FedML processes ---------------------------------------------------------------------
+def fedml_args(**over: Any) -> SimpleNamespace:
+    base = dict(
+        training_type="simulation",
+        backend="sp",
+        dataset="fmnist",
+        model="cnn",
+        client_num_in_total=6,
+        client_num_per_round=2,
+        comm_round=3,
+        random_seed=0,
+        aggregator="fedavgm",
+        aggregator_args={},
+    )
+    return SimpleNamespace(**(base | over))
+
+
+def test_a_fedml_checkpoint_round_trips_and_refuses_another_run(tmp_path: Path) -> None:
+    from fl_adapters.fedml import checkpoint
+    from fl_aggregators import FedAvgM
+
+    agg = FedAvgM()
+    params = {"w": torch.arange(6.0).reshape(2, 3), "steps": torch.tensor(4)}
+    args = fedml_args(checkpoint_dir=str(tmp_path), resume_from=str(tmp_path))
+    checkpoint.save(args, 2, params, agg, rng=checkpoint.rng_state())
+    ckpt = checkpoint.load(args)
+    assert ckpt.round == 2 and list(ckpt.model) == ["w", "steps"]
+    assert torch.equal(ckpt.model["w"], params["w"]) and ckpt.model["steps"].dtype == torch.int64
+    # comm_round may grow; anything that changes the run may not, and the error names it.
+    checkpoint.load(fedml_args(resume_from=str(tmp_path), comm_round=10))
+    with pytest.raises(CheckpointError, match=r"random_seed: checkpoint 0, now 1"):
+        checkpoint.load(fedml_args(resume_from=str(tmp_path), random_seed=1))
+    with pytest.raises(
+        CheckpointError, match=r"comm_round must be at least .* round \(2\) to resume, got 1"
+    ):
+        checkpoint.load(fedml_args(resume_from=str(tmp_path), comm_round=1))
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        checkpoint.load(fedml_args(resume_from=str(tmp_path / "elsewhere")))
+    with pytest.raises(ValueError, match="checkpoint_dir must be a directory path, got 3"):
+        checkpoint.checkpoint_path(fedml_args(checkpoint_dir=3))
+
+
+def test_nothing_to_resume_when_the_checkpoint_holds_every_round(tmp_path: Path) -> None:
+    from fl_adapters.fedml import checkpoint
+    from fl_adapters.fedml.adapter import check_resume
+    from fl_aggregators import FedAvgM
+
+    args = fedml_args(checkpoint_dir=str(tmp_path), resume_from=str(tmp_path))
+    checkpoint.save(args, 3, {"w": torch.zeros(2)}, FedAvgM())
+    with pytest.raises(
+        CheckpointError, match="holds all 3 rounds of comm_round 3; raise comm_round"
+    ):
+        check_resume(args)
+    check_resume(fedml_args(resume_from=str(tmp_path), comm_round=4))
+    check_resume(fedml_args(resume_from=str(tmp_path), comm_round=4, rank=1))  # a client: no read
+
+
+def test_rng_states_restore_the_same_draws() -> None:
+    import random
+
+    import numpy as np
+
+    from fl_adapters.fedml import checkpoint
+
+    random.gauss(0, 1)  # a cached gauss value must survive too
+    state = checkpoint.rng_state()
+    state = torch.load(_saved(state), weights_only=True)  # as a checkpoint reads it
+
+    def draws() -> tuple[Any, ...]:  # FedML draws from the legacy global numpy RNG
+        return (torch.rand(3), np.random.rand(3), random.random(), random.gauss(0, 1))  # noqa: NPY002
+
+    want = draws()
+    checkpoint.restore_rng(state)
+    got = draws()
+    assert torch.equal(got[0], want[0]) and (got[1] == want[1]).all() and got[2:] == want[2:]
+
+
+def _saved(obj: Any) -> Any:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+def test_a_fedlab_run_refuses_a_fedml_checkpoint(tmp_path: Path) -> None:
+    from fl_adapters.fedlab.runner import restore
+
+    ckpt = Checkpoint(
+        config={}, round=1, model={"w": torch.zeros(1)}, aggregator={}, participations={}
+    )
+    with pytest.raises(CheckpointError, match="FedML state dict"):
+        restore(SimpleNamespace(model=torch.nn.Linear(1, 1)), ckpt)  # type: ignore[arg-type]
+
+
+def test_fedml_rows_take_test_accuracy_from_the_rounds_fedml_tests(tmp_path: Path) -> None:
+    from fl_adapters.fedml.runner import collect, tested_rounds
+
+    assert tested_rounds(1, 10, 4) == [1, 5, 9, 10]
+    assert tested_rounds(4, 10, 4) == [5, 9, 10]  # resumed after round 3
+    assert tested_rounds(1, 3, 1) == [1, 2, 3]
+    config = RunConfig(framework="fedml-sp", rounds=6, eval_every=4)
+    rec = {"clients": [0], "weights": [1.0], "skipped": False, "rejected": []}
+    (tmp_path / "aggregations.jsonl").write_text(
+        "".join(json.dumps(rec | {"round": r}) + "\n" for r in range(1, 7))
+    )
+    # A resumed run: rounds 1-2 kept from before; this log's tests are rounds 5 and 6.
+    kept = [{"round": 1, "test_accuracy": 0.1}, {"round": 2}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    (tmp_path / "fedml.log").write_text("{'test_acc': 0.5, 'x': 1}\n{'test_acc': 0.6, 'x': 1}\n")
+    collect(config, tmp_path)
+    rows = records(tmp_path / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r.get("test_accuracy") for r in rows] == [0.1, None, None, None, 0.5, 0.6]
+
+
+# -- real FedML runs -----------------------------------------------------------------------------
+pytest.importorskip("fedml")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregator", ["fedavgm", "fedloss"])
+def test_sp_resume_ends_on_the_uninterrupted_model(tmp_path: Path, aggregator: str) -> None:
+    from fl_adapters.cli import main
+    from fl_adapters.fedml.runner import run_fedml
+
+    full, part = tmp_path / "full", tmp_path / "part"
+    run_fedml(run_config(tmp_path, "full", aggregator=aggregator), full)
+    run_fedml(run_config(tmp_path, "part", aggregator=aggregator, rounds=1), part)
+    assert Checkpoint.load(part / NAME).round == 1
+    # A longer run continues the shorter one: FedML's loop passes round 1 without training.
+    longer = run_config(tmp_path, "longer", aggregator=aggregator)
+    assert main(["run", str(tmp_path / "longer.yaml"), "--out", str(part), "--resume"]) == 0
+    assert longer.rounds == 3
+    want, got = Checkpoint.load(full / NAME), Checkpoint.load(part / NAME)
+    assert want.round == got.round == 3
+    assert isinstance(want.model, dict) and isinstance(got.model, dict)
+    assert list(got.model) == list(want.model)
+    assert all(torch.equal(got.model[k], want.model[k]) for k in want.model)  # bit for bit
+    assert want.aggregator.keys() == got.aggregator.keys()
+    if aggregator == "fedavgm":  # the server momentum carried over the restart
+        v_want, v_got = want.aggregator["velocity"], got.aggregator["velocity"]
+        assert v_want and all(torch.equal(a, b) for a, b in zip(v_got, v_want, strict=True))
+    rows_want, rows_got = records(full / "metrics.jsonl"), records(part / "metrics.jsonl")
+    assert [r["round"] for r in rows_got] == [1, 2, 3]
+    assert [r["weights"] for r in rows_got] == [r["weights"] for r in rows_want]
+    assert [r["test_accuracy"] for r in rows_got] == [r["test_accuracy"] for r in rows_want]
+    assert (part / "fedml.log.1").exists()  # the stopped run's log is kept
+    assert "Communication round : 0" in (part / "fedml.log").read_text()  # FedML's own loop
+
+
+def check_killed_and_resumed(got: dict[str, Any], out: Path, rounds: int) -> None:
+    assert got["stopped"] and got["stop_s"] < 60, got  # the launcher returned within 60 s
+    assert got["processes_left"] == 0, got  # every other process is gone too
+    done = got["checkpoint_round"]
+    assert (
+        done >= 1 and f"{out / NAME} holds round {done}: `fedbalance run --resume`" in got["error"]
+    ), got
+    assert got["rounds"] == list(range(1, rounds + 1))  # nothing missing, nothing twice
+    assert [r["round"] for r in records(out / "aggregations.jsonl")] == got["rounds"]
+    rows = records(out / "metrics.jsonl")
+    assert all(len(r["weights"]) == 2 for r in rows)
+    assert 0 <= rows[-1]["test_accuracy"] <= 1  # the resumed server tested its last round
+    assert Checkpoint.load(out / NAME).round == rounds
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_a_killed_mpi_simulation_rank_names_itself_and_the_run_resumes(tmp_path: Path) -> None:
+    from fedbalance_benchmarks.reliability import fedml_kill_and_resume
+
+    out = tmp_path / "out"
+    config = run_config(tmp_path, "mpi", framework="fedml-mpi", rounds=50)
+    got = fedml_kill_and_resume(out, config, rank=1, more_rounds=1)
+    assert "process rank 1 exited on signal 9" in got["error"], got
+    check_killed_and_resumed(got, out, got["checkpoint_round"] + 1)
+
+
+@pytest.mark.slow
+def test_a_killed_grpc_silo_names_itself_and_the_run_resumes(tmp_path: Path) -> None:
+    pytest.importorskip("grpc")
+    from fedbalance_benchmarks.reliability import fedml_kill_and_resume
+
+    out = tmp_path / "out"
+    config = run_config(tmp_path, "grpc", framework="fedml-cross-silo", backend="grpc", rounds=50)
+    got = fedml_kill_and_resume(out, config, rank=2, more_rounds=1)
+    assert "silo rank 2 was killed by signal 9 (SIGKILL) after round" in got["error"], got
+    assert "of 50; every other process was stopped" in got["error"], got
+    assert str(out / "fedml-rank2.log") in got["error"], got
+    check_killed_and_resumed(got, out, got["checkpoint_round"] + 1)
+    assert (out / "fedml-rank2.log.1").exists()  # the killed silo's log is kept
