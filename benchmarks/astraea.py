@@ -6,9 +6,16 @@ IEEE TPDS 2021. The training set is resampled so class sizes follow English lett
 half_normal`` as its imbalanced CINIC-10), then split over the clients with a label-Dirichlet
 (beta 0.5) so clients also differ from each other; the global model is tested on the dataset's
 balanced test set. Every run is one FedLab ``StandalonePipeline``; runs resume from
-``--runs-dir``.
+``--runs-dir`` and, where a run's directory is gone (another machine), from the per-run results
+committed in the ``.json`` of the same settings.
 
     fedbalance bench astraea [--quick] [--seeds 3] [--profile letters] [--out DIR]
+        [--frameworks fedlab fedlab-distributed]
+
+``--frameworks`` adds a table of the deployment modes: :data:`MODE_VARIANTS` run fresh in
+each framework (FedLab cross-process: a server and 2 client processes over ``DistNetwork``),
+with their per-round wall time (as a ratio to standalone, same machine, same run of the
+benchmark) and bytes.
 
 Writes ``astraea_<dataset>.md`` (accuracy, KL, traffic to a target accuracy, beside the paper's
 numbers), ``.json`` (every run's curve) and plots: accuracy vs round, and KL to uniform of
@@ -35,14 +42,22 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "astraea tau_d=3.0": ("astraea", {"tau_d": 3.0, "gamma": 10}),
     "astraea tau_d=3.5": ("astraea", {"tau_d": 3.5, "gamma": 10}),
 }
+#: The variants the deployment-mode table runs in every framework.
+MODE_VARIANTS = ("fedavg", "astraea tau_d=3.5")
+FRAMEWORKS = ("fedlab", "fedlab-distributed")
+#: The options that define a run (a committed run is reused only when they all match).
+RUN_KEYS = ("num_clients", "clients_per_round", "rounds", "local_epochs", "max_samples")
+RUN_KEYS += ("dataset", "profile", "model", "quick")
 FULL = dict(num_clients=100, clients_per_round=20, rounds=50, local_epochs=1)
 QUICK = dict(num_clients=20, clients_per_round=10, rounds=4, local_epochs=1, max_samples=6000)
 
 
-def run_config(variant: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
+def run_config(
+    variant: str, seed: int, opts: dict[str, Any], framework: str = "fedlab"
+) -> dict[str, Any]:
     aggregator, args = VARIANTS[variant]
     return {
-        "framework": "fedlab",
+        "framework": framework,
         "dataset": opts["dataset"],
         "model": opts["model"],
         "partition": {
@@ -69,17 +84,42 @@ def _slug(variant: str) -> str:
     return variant.replace(" ", "_").replace("=", "")
 
 
-def collect(opts: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run (or resume) every (variant, seed); return per-run curves, traffic and KL values."""
+def committed_runs(path: Path, opts: dict[str, Any]) -> dict[tuple[str, int, str], Any]:
+    """The per-run results in a committed ``.json`` written with the same run options."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if any(doc.get("options", {}).get(k) != opts.get(k) for k in RUN_KEYS):
+        return {}
+    return {(r["variant"], r["seed"], r.get("framework", "fedlab")): r for r in doc["runs"]}
+
+
+def collect(
+    opts: dict[str, Any],
+    jobs_of: list[tuple[str, int, str]],
+    committed: dict[tuple[str, int, str], Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Run (or resume) every ``(variant, seed, framework)``; return per-run curves, traffic,
+    KL values and wall time. A job whose run directory is gone but whose result is in
+    ``committed`` takes that result."""
     runs_dir = Path(opts["runs_dir"])
+    committed = committed or {}
     jobs = [
-        (v, seed, runs_dir / _slug(v) / f"seed{seed}")
-        for v in opts["variants"]
-        for seed in range(opts["seeds"])
+        (v, seed, fw, runs_dir / ("" if fw == "fedlab" else fw) / _slug(v) / f"seed{seed}")
+        for v, seed, fw in jobs_of
     ]
-    run_jobs([(run_config(v, s, opts), out) for v, s, out in jobs], opts["workers"], "astraea")
+    todo = [
+        (run_config(v, s, opts, fw), out)
+        for v, s, fw, out in jobs
+        if (out / "summary.json").exists() or (v, s, fw) not in committed
+    ]
+    run_jobs(todo, opts["workers"], "astraea")
     runs = []
-    for variant, seed, out in jobs:
+    for variant, seed, fw, out in jobs:
+        if not (out / "summary.json").exists():
+            runs.append(committed[(variant, seed, fw)])
+            continue
         rows = read_metrics(out)
         summary = json.loads((out / "summary.json").read_text())
         evals = [r for r in rows if "test_accuracy" in r]
@@ -92,6 +132,9 @@ def collect(opts: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "variant": variant,
                 "seed": seed,
+                "framework": fw,
+                "seconds_per_round": summary["elapsed_s"] / len(rows),
+                "bytes_per_round": (summary["bytes_up"] + summary["bytes_down"]) / len(rows),
                 "rounds": [r["round"] for r in evals],
                 "accuracy": [r["test_accuracy"] for r in evals],
                 "traffic": [traffic[rows.index(r)] for r in evals],
@@ -102,6 +145,64 @@ def collect(opts: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return runs
+
+
+def modes_table(runs: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+    """The deployment modes side by side: accuracy, wall time per round (ratio to standalone),
+    bytes per round."""
+    from fl_adapters._table import markdown_table
+
+    rows = []
+    for v in MODE_VARIANTS:
+        base = [r for r in runs if r["variant"] == v and r["framework"] == "fedlab"]
+        for fw in opts["frameworks"]:
+            rs = [r for r in runs if r["variant"] == v and r["framework"] == fw]
+            ratio = [
+                r["seconds_per_round"] / b["seconds_per_round"]
+                for r, b in zip(rs, base, strict=True)
+            ]
+            rows.append(
+                [
+                    v,
+                    fw,
+                    mean_std([max(r["accuracy"]) for r in rs]),
+                    mean_std([r["accuracy"][-1] for r in rs]),
+                    f"{statistics.mean(r['seconds_per_round'] for r in rs):.2f}"
+                    f" ± {statistics.pstdev(r['seconds_per_round'] for r in rs):.2f}",
+                    f"{statistics.mean(ratio):.2f}x",
+                    f"{statistics.mean(r['bytes_per_round'] for r in rs) / 1e6:.2f}",
+                ]
+            )
+    header = ["variant", "framework", "best acc %", "final acc %", "s / round", "vs fedlab"]
+    return markdown_table([*header, "MB / round"], rows)
+
+
+def mode_section(
+    mode_runs: list[dict[str, Any]], runs: list[dict[str, Any]], opts: dict[str, Any]
+) -> str:
+    """The deployment-mode table, and whether its standalone runs reproduce the main table's."""
+    main = {(r["variant"], r["seed"]): r["accuracy"] for r in runs}
+    again = [
+        main.get((r["variant"], r["seed"])) == r["accuracy"]
+        for r in mode_runs
+        if r["framework"] == "fedlab" and (r["variant"], r["seed"]) in main
+    ]
+    same = (
+        f"The {len(again)} standalone runs here reproduce the main table's runs of the same"
+        f" variant and seed: {sum(again)} of {len(again)} have the identical accuracy curve."
+        if again
+        else ""
+    )
+    return (
+        "## Deployment modes\n\n"
+        f"{', '.join(MODE_VARIANTS)} run afresh in each framework, seeds 0..{opts['seeds'] - 1},"
+        " timed in the same benchmark run on the same machine (wall time per round includes"
+        " evaluating the global model). `fedlab`: one process, one torch thread;"
+        " `fedlab-distributed`: a server and 2 client processes over `DistNetwork` (gloo,"
+        " 127.0.0.1), one torch thread each. Bytes: `fedlab` counts the protocol's messages"
+        " (parameters, metadata, the plan, mediator hops); `fedlab-distributed` counts the"
+        " tensors its processes sent.\n\n" + modes_table(mode_runs, opts) + "\n\n" + same + "\n"
+    )
 
 
 def traffic_to(run: dict[str, Any], target: float) -> float | None:
@@ -254,6 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         "--target", type=float, default=None, help="accuracy for the traffic column (0-1)"
     )
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument(
+        "--frameworks",
+        nargs="+",
+        default=["fedlab"],
+        choices=list(FRAMEWORKS),
+        help="also run fedavg and astraea tau_d=3.5 in these deployment modes, timed",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--runs-dir", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -270,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=a.workers,
         variants=a.variants,
         target=a.target,
+        frameworks=list(dict.fromkeys(["fedlab", *a.frameworks])),
     )
     if a.rounds:
         opts["rounds"] = a.rounds
@@ -277,8 +386,21 @@ def main(argv: list[str] | None = None) -> int:
     out_dir, runs_dir = output_dirs(a.out, a.runs_dir, a.quick, stem, "astraea-runs")
     opts["runs_dir"] = str(runs_dir)
     start = time.perf_counter()
-    runs = collect(opts)
+    seeds = range(opts["seeds"])
+    runs = collect(
+        opts,
+        [(v, s, "fedlab") for v in opts["variants"] for s in seeds],
+        committed_runs(out_dir / f"{stem}.json", opts),
+    )
     text_table, target = table(runs, opts)
+    modes, mode_runs = "", []
+    if len(opts["frameworks"]) > 1:  # fresh runs: their wall times are compared
+        opts["modes_dir"] = str(Path(opts["runs_dir"]) / "modes")
+        mode_runs = collect(
+            opts | {"runs_dir": opts["modes_dir"]},
+            [(v, s, fw) for v in MODE_VARIANTS for fw in opts["frameworks"] for s in seeds],
+        )
+        modes = mode_section(mode_runs, runs, opts)
     command = "fedbalance bench astraea " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (
         f"# Astraea on {dataset}, {a.profile} global imbalance\n\n"
@@ -294,10 +416,14 @@ def main(argv: list[str] | None = None) -> int:
         + "\n\n"
         + paper_comparison(runs, opts, target)
         + "\n"
+        + ("\n" + modes if modes else "")
     )
     (out_dir / f"{stem}.md").write_text(text)
     (out_dir / f"{stem}.json").write_text(
-        json.dumps({"options": opts, "target": target, "runs": runs}, indent=1) + "\n"
+        json.dumps(
+            {"options": opts, "target": target, "runs": runs, "mode_runs": mode_runs}, indent=1
+        )
+        + "\n"
     )
     plots(runs, opts, out_dir, stem)
     print(text)

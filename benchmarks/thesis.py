@@ -84,6 +84,10 @@ def _run_one(cfg: dict[str, Any], out_dir: str, hook: Any = None) -> dict[str, A
         from fl_adapters.fedml.runner import run_fedml
 
         return run_fedml(config, Path(out_dir))
+    if config.framework == "fedlab-distributed":  # a server and 2 client processes, 1 thread each
+        from fl_adapters.fedlab.runner import run_distributed
+
+        return run_distributed(config, Path(out_dir), client_processes=2)
     from fl_adapters.fedlab.runner import run_standalone
 
     return run_standalone(config, Path(out_dir), progress=False, uplink_hook=hook)

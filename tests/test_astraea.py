@@ -365,6 +365,40 @@ def test_astraea_bench_quick_writes_its_table_and_plots(tmp_path: Path) -> None:
     assert next(tmp_path.glob("astraea_*_quick_kl.png")).stat().st_size > 0
 
 
+@pytest.mark.slow
+def test_astraea_bench_times_the_modes_and_resumes_from_its_committed_runs(tmp_path: Path) -> None:
+    import shutil
+
+    from fedbalance_benchmarks import astraea as bench
+
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    argv = ["--quick", "--rounds", "2", "--out", str(out), "--runs-dir", str(runs)]
+    argv += ["--variants", "fedavg", "astraea tau_d=3.5"]
+    assert bench.main([*argv, "--frameworks", "fedlab", "fedlab-distributed"]) == 0
+    md = next(out.glob("astraea_*_quick.md")).read_text()
+    doc = json.loads(next(out.glob("astraea_*_quick.json")).read_text())
+    modes = [r for r in doc["mode_runs"]]
+    assert sorted((r["variant"], r["framework"]) for r in modes) == sorted(
+        (v, f) for v in bench.MODE_VARIANTS for f in bench.FRAMEWORKS
+    )
+    assert all(r["seconds_per_round"] > 0 and r["bytes_per_round"] > 0 for r in modes)
+    assert "## Deployment modes" in md
+    assert "| astraea tau_d=3.5 | fedlab-distributed |" in md
+    # Same seed, same result: the modes' standalone runs repeat the main table's exactly.
+    assert "2 of 2 have the identical accuracy curve" in md, md
+    # Cross-process Astraea trains the same mediators on the same data as standalone.
+    acc = {(r["variant"], r["framework"]): r["accuracy"] for r in modes}
+    for v in bench.MODE_VARIANTS:
+        assert acc[(v, "fedlab-distributed")] == pytest.approx(acc[(v, "fedlab")], abs=0.02)
+    # Another machine: no run directories, only the committed results. Nothing reruns.
+    main_rows = [x for x in md.splitlines() if x.startswith(("| fedavg ", "| astraea"))][:2]
+    shutil.rmtree(runs)
+    assert bench.main(argv) == 0
+    again = next(out.glob("astraea_*_quick.md")).read_text()
+    assert [x for x in again.splitlines() if x.startswith(("| fedavg ", "| astraea"))] == main_rows
+    assert not runs.exists() or not any(runs.rglob("summary.json"))
+
+
 def test_planner_bounds_a_mediators_sample_count_by_its_members_data() -> None:
     from fl_aggregators.astraea import Astraea
 
