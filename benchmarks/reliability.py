@@ -601,6 +601,88 @@ def kill_client_and_resume(work: Path, config: Any, kill_after: int) -> dict[str
     }
 
 
+def fedml_pids(out: Path, rank: int | None = None) -> list[int]:
+    """This FedML run's processes (their command line names ``out/fedml.yaml``); with ``rank``,
+    the one that is that rank (an ``mpirun`` rank, or a gRPC process's ``--rank``)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            env = (d / "environ").read_bytes().split(b"\0") if rank is not None else []
+        except OSError:
+            continue
+        if str(out / "fedml.yaml").encode() not in cmd:
+            continue
+        if rank is not None:
+            grpc = b"--rank" in cmd and cmd[cmd.index(b"--rank") + 1] == str(rank).encode()
+            if not grpc and f"OMPI_COMM_WORLD_RANK={rank}".encode() not in env:
+                continue
+        found.append(int(d.name))
+    return found
+
+
+def fedml_kill_and_resume(
+    out: Path, config: Any, rank: int, kill_after: int = 1, more_rounds: int | None = None
+) -> dict[str, Any]:
+    """A FedML run (``fedbalance run``'s launcher) whose process ``rank`` is SIGKILLed once the
+    server's checkpoint holds ``kill_after`` rounds; then ``resume`` (``more_rounds`` past the
+    checkpoint; by default to the config's rounds). Times the stop (kill to launcher return)
+    and the resumed run."""
+    import dataclasses
+    import signal
+    import threading
+
+    from fl_adapters.checkpoint import Checkpoint, CheckpointError
+    from fl_adapters.fedml.runner import run_fedml
+
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            run_fedml(config, out, timeout=600)
+        except Exception as e:  # noqa: BLE001 (handed to the caller's thread)
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            if Checkpoint.load(out / "checkpoint.pt").round >= kill_after:
+                break
+        except CheckpointError:
+            pass
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the FedML run ended before rank {rank} could be killed: {result}")
+        time.sleep(0.05)
+    (victim,) = fedml_pids(out, rank)
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    thread.join(timeout=120)
+    stop_s = time.monotonic() - killed
+    recorded = len((out / "aggregations.jsonl").read_text().splitlines())
+    survived = Checkpoint.load(out / "checkpoint.pt").round
+    left = len(fedml_pids(out))
+    started = time.monotonic()
+    rounds = config.rounds if more_rounds is None else survived + more_rounds
+    resumed = dataclasses.replace(config, rounds=rounds)
+    summary = run_fedml(resumed, out, resume=True, timeout=600)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "error": str(result.get("error", "")),
+        "stopped": not thread.is_alive(),
+        "stop_s": stop_s,
+        "processes_left": left,
+        "checkpoint_round": survived,
+        "rounds_lost": recorded - survived,
+        "resume_s": time.monotonic() - started,
+        "rounds": [r["round"] for r in rows],
+        "final_accuracy": summary["final_accuracy"],
+    }
+
+
 class Exploit:
     """A pickle that runs ``touch marker`` when unpickled: loading must refuse it."""
 
@@ -655,7 +737,11 @@ def damaged_checkpoints(work: Path) -> list[list[str]]:
     return rows
 
 
-def faults(work: Path) -> tuple[list[list[str]], list[list[str]], dict[str, Any]]:
+def faults(
+    work: Path, fedml: bool = True
+) -> tuple[list[list[str]], list[list[str]], dict[str, Any]]:
+    """Stop/resume and killed processes (``fedml``: the FedML modes too; the quick run leaves
+    them to ``tests/test_fedml_resume.py``)."""
     rows = []
     for agg, model, args in (
         ("fedavgm", "thesis_cnn", {"beta": 0.9}),
@@ -691,6 +777,27 @@ def faults(work: Path) -> tuple[list[list[str]], list[list[str]], dict[str, Any]
             f" (update arrival order only)",
         ]
     )
+    for framework, backend, rank, what in (
+        ("fedml-mpi", "mpi", 1, "MPI simulation rank 1 (a worker)"),
+        ("fedml-cross-silo", "grpc", 2, "gRPC cross-silo silo 2"),
+        ("fedml-cross-silo", "grpc", 0, "gRPC cross-silo server"),
+    )[: 3 if fedml else 0]:
+        config = fault_config(framework=framework, backend=backend, clients_per_round=2, rounds=5)
+        got = fedml_kill_and_resume(work / f"fedml-{framework}-{backend}-{rank}", config, rank, 2)
+        kill.setdefault("fedml", []).append({"what": what, **got})
+        error = got["error"].replace(str(work), "WORK").split("; see ")[0]
+        rows.append(
+            [
+                f"FedML: {what} killed (SIGKILL) mid-run",
+                f"{framework} ({backend}), fedavgm, 2 of 6 clients a round, 5 rounds, kill"
+                " after round 2",
+                f"stopped in {got['stop_s']:.1f} s, {got['processes_left']} processes left:"
+                f' "{error}"',
+                f"checkpoint of round {got['checkpoint_round']}, {got['rounds_lost']} aggregated"
+                f" round(s) lost; `--resume` ran rounds {got['checkpoint_round'] + 1}..{got['rounds'][-1]}"
+                f" in {got['resume_s']:.1f} s",
+            ]
+        )
     return rows, damaged_checkpoints(work / "damaged"), kill
 
 
@@ -897,7 +1004,7 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
 
     shutil.rmtree(runs_dir / "faults", ignore_errors=True)
-    fault_rows, damaged, kill = faults(runs_dir / "faults")
+    fault_rows, damaged, kill = faults(runs_dir / "faults", fedml=not a.quick)
     command = "fedbalance bench reliability " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (
         f"# Reliability on {dataset}: attacks, bad input\n\n"
