@@ -42,9 +42,12 @@ QUICK = dict(num_clients=10, clients_per_round=3, rounds=5, local_epochs=1, max_
 #: The library default also lowers a round's top loss to the runner-up's (``peer_clip=1``,
 #: see fl_aggregators.fedloss), which the reliability benchmark measures; this grid
 #: reproduces the thesis.
+#: Likewise FedAvg and FedLoss-n trust the reported sample counts (``sample_clip=None``), as
+#: the papers do; the library's default margin (20) is measured by the reliability benchmark.
 AGGREGATOR_ARGS: dict[str, dict[str, Any]] = {
+    "fedavg": {"sample_clip": None},
     "fedloss": {"peer_clip": None},
-    "fedloss_n": {"peer_clip": None},
+    "fedloss_n": {"peer_clip": None, "sample_clip": None},
 }
 
 
@@ -85,8 +88,13 @@ def _run_one(cfg: dict[str, Any], out_dir: str, hook: Any = None) -> dict[str, A
 
         return run_fedml(config, Path(out_dir))
     if config.framework == "fedlab-distributed":  # a server and 2 client processes, 1 thread each
-        from fl_adapters.fedlab.runner import run_distributed
+        import dataclasses
 
+        from fl_adapters.fedlab.runner import run_distributed
+        from fl_adapters.fedml.ipconfig import free_ports
+
+        # Parallel workers' runs must not share FedLab's default port.
+        config = dataclasses.replace(config, port=free_ports(1)[0])
         return run_distributed(config, Path(out_dir), client_processes=2)
     from fl_adapters.fedlab.runner import run_standalone
 
@@ -373,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{opts['num_clients']} clients, {opts['clients_per_round']} per round, {opts['rounds']} rounds,"
         f" Adam lr 1e-3, batch 64, thesis CNN, seeds 0..{opts['seeds'] - 1}; accuracy (%) of the global"
         f" model on all clients' test splits, mean ± std over seeds. fedloss and fedloss_n run"
-        f" with `peer_clip: null` (the thesis's weights; see `fl_aggregators.fedloss`).{note}\n\n"
+        f" with `peer_clip: null`, fedavg and fedloss_n with `sample_clip: null` (the papers'"
+        f" weights; see `fl_aggregators.fedloss`, `fl_aggregators.fedavg`).{note}\n\n"
         f"Regenerate: `{command.strip()}` (an interrupted grid resumes from `--runs-dir`).\n\n"
     )
     text = header + summary_table(curves, opts) + "\n\n"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fl_aggregators.fedavg import FedAvg, check_clip
+from fl_aggregators.fedavg import SAMPLE_CLIP, FedAvg, check_clip
 from fl_aggregators.fedloss import FedLoss
 from fl_aggregators.functional import bound_losses, normalize
 from fl_aggregators.update import ClientUpdate
@@ -39,7 +39,7 @@ class FedLossN(FedLoss):
         loss_clip: float | None = 5.0,
         peer_clip: float | None = 1.0,
         update_clip: float | None = None,
-        sample_clip: float | None = None,
+        sample_clip: float | None = SAMPLE_CLIP,
     ) -> None:
         super().__init__(loss_clip=loss_clip, peer_clip=peer_clip, update_clip=update_clip)
         self.sample_clip = check_clip(sample_clip, "sample_clip")

@@ -413,10 +413,13 @@ def test_update_clip_must_be_at_least_one() -> None:
 
 def test_sample_clip_holds_a_count_liar_to_the_runner_up_by_hand() -> None:
     # Counts 1, 3, 4 with client 2 claiming 4000: trusted it takes 4000/4004 of the weight;
-    # with sample_clip 1 its count is the runner-up's (3), weights 1/7, 3/7, 3/7.
+    # with sample_clip 1 (or the default 20) its count is the runner-up's (3): 1/7, 3/7, 3/7.
     ups = three_clients()
     ups[2] = ClientUpdate(P3, 4000, {"val_loss": 2.5}, client_id="c2")
-    assert FedAvg().aggregate(torch.zeros(2), ups).weights[2] == pytest.approx(4000 / 4004)
+    trusting = FedAvg(sample_clip=None).aggregate(torch.zeros(2), ups)
+    assert trusting.weights[2] == pytest.approx(4000 / 4004)
+    assert FedAvgM().aggregate(torch.zeros(2), ups).weights[2] == pytest.approx(4000 / 4004)
+    assert FedAvg().aggregate(torch.zeros(2), ups).weights == pytest.approx([1 / 7, 3 / 7, 3 / 7])
     for agg in (FedAvg(sample_clip=1.0), FedAvgM(sample_clip=1.0)):
         assert agg.aggregate(torch.zeros(2), ups).weights == pytest.approx([1 / 7, 3 / 7, 3 / 7])
     # A margin: counts within 2x the runner-up's are believed, beyond it counted as its.
@@ -438,6 +441,7 @@ def test_sample_clip_bounds_fedloss_n_counts_before_scoring() -> None:
     w = FedLossN(peer_clip=None, sample_clip=1.0).aggregate(torch.zeros(2), ups).weights
     # counts 1e4 -> 4 (runner-up); scores n*l = 2, 3, 10
     assert w == pytest.approx([2 / 15, 3 / 15, 10 / 15])
+    assert FedLossN(peer_clip=None).aggregate(torch.zeros(2), ups).weights == pytest.approx(w)
 
 
 @pytest.mark.parametrize("value", [0.5, float("nan"), float("inf"), True, "1"])
