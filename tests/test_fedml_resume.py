@@ -1,8 +1,9 @@
 """FedML checkpoints and resume with real FedML 0.9.6 processes.
 
 sp resumes bit-identically (fedavgm: momentum; fedloss: validation losses); a rank killed in
-MPI simulation or a silo killed over gRPC stops the run within 60 s naming what died and the
-checkpoint, and ``resume`` finishes it. The host is the bundled FedML example, configured by
+MPI simulation, a silo killed in cross-silo over MPI or over gRPC stops the run within 60 s
+naming what died and the checkpoint, and ``resume`` finishes it (the gRPC server's death is
+timed by the reliability benchmark). The host is the bundled FedML example, configured by
 ``fedbalance run`` (its YAML gains ``checkpoint_dir:`` and ``resume_from:``).
 """
 
@@ -211,13 +212,18 @@ def check_killed_and_resumed(got: dict[str, Any], out: Path, rounds: int) -> Non
 
 @pytest.mark.slow
 @needs_mpi
-def test_a_killed_mpi_simulation_rank_names_itself_and_the_run_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("framework", "rank"), [("fedml-mpi", 1), ("fedml-cross-silo", 2)], ids=["simulation", "silo"]
+)
+def test_a_killed_mpi_rank_names_itself_and_the_run_resumes(
+    tmp_path: Path, framework: str, rank: int
+) -> None:
     from fedbalance_benchmarks.reliability import fedml_kill_and_resume
 
     out = tmp_path / "out"
-    config = run_config(tmp_path, "mpi", framework="fedml-mpi", rounds=50)
-    got = fedml_kill_and_resume(out, config, rank=1, more_rounds=1)
-    assert "process rank 1 exited on signal 9" in got["error"], got
+    config = run_config(tmp_path, "mpi", framework=framework, rounds=50)
+    got = fedml_kill_and_resume(out, config, rank=rank, more_rounds=1)
+    assert f"process rank {rank} exited on signal 9" in got["error"], got
     check_killed_and_resumed(got, out, got["checkpoint_round"] + 1)
 
 
