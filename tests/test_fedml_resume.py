@@ -1,6 +1,6 @@
 """FedML checkpoints and resume with real FedML 0.9.6 processes.
 
-sp resumes bit-identically (fedavgm: momentum; fedloss: validation losses); a rank killed in
+sp resumes bit-identically (fedavgm: momentum; fedloss: validation losses; astraea: plan); a rank killed in
 MPI simulation, a silo killed in cross-silo over MPI or over gRPC stops the run within 60 s
 naming what died and the checkpoint, and ``resume`` finishes it (the gRPC server's death is
 timed by the reliability benchmark). The host is the bundled FedML example, configured by
@@ -165,7 +165,7 @@ pytest.importorskip("fedml")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("aggregator", ["fedavgm", "fedloss"])
+@pytest.mark.parametrize("aggregator", ["fedavgm", "fedloss", "astraea"])
 def test_sp_resume_ends_on_the_uninterrupted_model(tmp_path: Path, aggregator: str) -> None:
     from fl_adapters.cli import main
     from fl_adapters.fedml.runner import run_fedml
