@@ -1,9 +1,9 @@
 """FedML checkpoints and resume with real FedML 0.9.6 processes.
 
-sp resumes bit-identically (fedavgm: momentum; fedloss: validation losses; astraea: plan); a rank killed in
-MPI simulation, a silo killed in cross-silo over MPI or over gRPC stops the run within 60 s
-naming what died and the checkpoint, and ``resume`` finishes it (the gRPC server's death is
-timed by the reliability benchmark). The host is the bundled FedML example, configured by
+sp resumes bit-identically (fedavgm: momentum; fedloss: validation losses; astraea: plan);
+a rank killed in MPI simulation, a silo killed in cross-silo over MPI or over gRPC stops the
+run within 60 s naming what died and the checkpoint, and ``resume`` finishes it (the gRPC
+server's death is timed by the reliability benchmark). The host is the bundled FedML example, configured by
 ``fedbalance run`` (its YAML gains ``checkpoint_dir:`` and ``resume_from:``).
 """
 
