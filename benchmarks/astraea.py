@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedbalance_benchmarks.thesis import mean_std, output_dirs, read_metrics, run_jobs
+from fedbalance_benchmarks._runs import mean_std, output_dirs, read_metrics, run_jobs
 
 #: name -> (aggregator, aggregator_args)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fedbalance_benchmarks.thesis import mean_std, output_dirs, read_metrics, run_jobs
+from fedbalance_benchmarks._runs import mean_std, output_dirs, read_metrics, run_jobs
 from fedbalance_benchmarks.thesis import run_config as thesis_run_config
 
 KINDS = (

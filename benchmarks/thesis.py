@@ -1,23 +1,28 @@
-"""The FedLoss thesis benchmark: five skew scenarios x five aggregators, on FedLab.
+"""The FedLoss thesis benchmark: five skew scenarios x six aggregator variants, on FedLab.
 
 Tagarakis, "FedLoss", NTUA diploma thesis, 2023, Tables 1-10 / Figures 12-21: 30 clients,
-5 sampled per round, 50 rounds, Adam (lr 1e-3), batch 64, the thesis CNN, accuracy of the
-global model on every client's test split (weighted by size) after each round. Every run is
-one FedLab ``StandalonePipeline`` (:func:`fl_adapters.fedlab.runner.run_standalone`); runs are
-spread over worker processes and skipped when their ``summary.json`` already exists, so an
-interrupted grid resumes where it stopped.
+5 sampled per round, 50 rounds, 10 local epochs, Adam (lr 1e-3), batch 64, the thesis CNN,
+accuracy of the global model on every client's test split (weighted by size) after each round.
+Every run is one FedLab ``StandalonePipeline`` (:func:`fl_adapters.fedlab.runner.run_standalone`),
+spread over worker processes. Each finished run leaves a compact record (its resolved config and
+per-round accuracy, loss and top weight, a few KB) in ``<out>/per-run/<stem>/``; those records
+are results, committed with the tables, and a run whose record matches its config is never run
+again, so a grid resumes across interruptions and machines.
 
     fedbalance bench thesis [--quick] [--dataset fmnist] [--seeds 3] [--local-epochs 10] [--out DIR]
 
-Writes ``thesis_<dataset>.md`` (a table per scenario: mean +- std accuracy over seeds at five
-checkpoints, best accuracy and its round), ``thesis_<dataset>.json`` (every run's curve) and
-``thesis_<dataset>_<scenario>.png`` (accuracy vs round, mean +- std band).
+Writes ``<stem>.md`` (a table per scenario: mean +- std accuracy over seeds every 10 rounds,
+best accuracy and its round; with 10 local epochs, the thesis's claims beside ours),
+``<stem>.json`` (every run's curve) and ``<stem>_<scenario>.png`` (accuracy vs round, mean +- std
+band). The stem is ``thesis_<dataset>``, then ``_<framework>`` unless FedLab, ``_e<E>`` unless
+1 local epoch, ``_quick`` with ``--quick``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import sys
@@ -26,7 +31,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from fedbalance_benchmarks._runs import RESULTS, read_metrics, run_one, worker_init
+
+log = logging.getLogger(__name__)
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "iid": {"name": "iid"},
@@ -35,29 +42,50 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "feature": {"name": "feature_noise", "sigma": 0.1},
     "mixed": {"name": "mixed"},
 }
-AGGREGATORS = ("fedavg", "fedavgm", "fedmedian", "fedloss", "fedloss_n")
 FULL = dict(num_clients=30, clients_per_round=5, rounds=50, local_epochs=10)
 QUICK = dict(num_clients=10, clients_per_round=3, rounds=5, local_epochs=1, max_samples=6000)
-#: The thesis's rule: FedLoss weights exactly l_i / sum l among losses within 5x the median.
-#: The library default also lowers a round's top loss to the runner-up's (``peer_clip=1``,
-#: see fl_aggregators.fedloss), which the reliability benchmark measures; this grid
-#: reproduces the thesis.
-#: Likewise FedAvg and FedLoss-n trust the reported sample counts (``sample_clip=None``), as
-#: the papers do; the library's default margin (20) is measured by the reliability benchmark.
-AGGREGATOR_ARGS: dict[str, dict[str, Any]] = {
-    "fedavg": {"sample_clip": None},
-    "fedloss": {"peer_clip": None},
-    "fedloss_n": {"peer_clip": None, "sample_clip": None},
+#: The grid's entries: name -> (aggregator, arguments). ``fedloss`` is the thesis's rule:
+#: weights exactly l_i / sum l among losses within 5x the median (``peer_clip: null``);
+#: ``fedloss-default`` is the library's default, which also lowers a round's top loss to the
+#: runner-up's (``peer_clip: 1``, see fl_aggregators.fedloss). FedAvg and FedLoss-n trust the
+#: reported sample counts (``sample_clip: null``) as the papers do; the library's default margin
+#: is measured by the reliability benchmark.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "fedavg": ("fedavg", {"sample_clip": None}),
+    "fedavgm": ("fedavgm", {}),
+    "fedmedian": ("fedmedian", {}),
+    "fedloss": ("fedloss", {"peer_clip": None}),
+    "fedloss-default": ("fedloss", {}),
+    "fedloss_n": ("fedloss_n", {"peer_clip": None, "sample_clip": None}),
 }
+AGGREGATORS = tuple(VARIANTS)
+#: Seconds per round and local epoch of the thesis setting on one core, when no run of the grid
+#: has finished yet to measure it (10 local epochs, Fashion-MNIST, this 2-core machine).
+SECONDS_PER_EPOCH_ROUND = 1.0
 
 
-def run_config(scenario: str, aggregator: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
+def aggregator_args(variant: str) -> tuple[str, dict[str, Any]]:
+    """A variant's aggregator and every argument it runs with, defaults resolved: a record
+    states what ran, and a changed library default makes its records stale."""
+    import inspect
+
+    from fl_adapters.registry import get_registry
+
+    aggregator, args = VARIANTS.get(variant, (variant, {}))
+    cls = get_registry().aggregator(aggregator)
+    params = inspect.signature(cls).parameters.values()
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    return aggregator, {**defaults, **args}
+
+
+def run_config(scenario: str, variant: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
+    aggregator, args = aggregator_args(variant)
     return {
         "framework": opts.get("framework", "fedlab"),
         "dataset": opts["dataset"],
         "partition": SCENARIOS[scenario],
         "aggregator": aggregator,
-        "aggregator_args": AGGREGATOR_ARGS.get(aggregator, {}),
+        "aggregator_args": args,
         "seed": seed,
         "optimizer": "adam",
         "lr": 1e-3,
@@ -70,240 +98,155 @@ def run_config(scenario: str, aggregator: str, seed: int, opts: dict[str, Any]) 
     }
 
 
-def _worker_init() -> None:
-    import torch
+def stem_of(opts: dict[str, Any], framework: str | None = None) -> str:
+    """``thesis_<dataset>[_<framework>][_e<E>][_quick]``: what names a grid's tables and records."""
+    fw = framework or opts.get("framework", "fedlab")
+    return (
+        f"thesis_{opts['dataset']}"
+        + ("" if fw == "fedlab" else f"_{fw}")
+        + ("" if opts["local_epochs"] == 1 else f"_e{opts['local_epochs']}")
+        + ("_quick" if opts["quick"] else "")
+    )
 
-    torch.set_num_threads(1)  # one process per core beats two threads per process here
 
-
-def _run_one(cfg: dict[str, Any], out_dir: str, hook: Any = None) -> dict[str, Any]:
-    import logging
+def record_key(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What defines a run: its config with every default resolved, minus where it ran."""
+    import dataclasses
 
     from fl_adapters.config import RunConfig
 
-    logging.getLogger("fl_aggregators").setLevel(logging.ERROR)
-    config = RunConfig.from_dict(cfg)
-    if config.framework == "fedml-sp":
-        from fl_adapters.fedml.runner import run_fedml
-
-        return run_fedml(config, Path(out_dir))
-    if config.framework == "fedlab-distributed":  # a server and 2 client processes, 1 thread each
-        import dataclasses
-
-        from fl_adapters.fedlab.runner import run_distributed
-        from fl_adapters.fedml.ipconfig import free_ports
-
-        # Parallel workers' runs must not share FedLab's default port.
-        config = dataclasses.replace(config, port=free_ports(1)[0])
-        return run_distributed(config, Path(out_dir), client_processes=2)
-    from fl_adapters.fedlab.runner import run_standalone
-
-    return run_standalone(config, Path(out_dir), progress=False, uplink_hook=hook)
+    key = dataclasses.asdict(RunConfig.from_dict(cfg))
+    for k in ("port", "backend", "data_dir"):
+        key.pop(k, None)
+    return json.loads(json.dumps(key))
 
 
-def _suffix(opts: dict[str, Any]) -> str:
-    host = "" if opts.get("framework", "fedlab") == "fedlab" else f"_{opts['framework']}"
-    return host + ("_quick" if opts["quick"] else "")
+def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
+    """A finished run, compactly: its config, and per evaluated round the accuracy and loss of
+    the global model and the largest aggregation weight."""
+    rows = read_metrics(out)
+    evals = [r for r in rows if "test_accuracy" in r]
+    summary = json.loads((out / "summary.json").read_text())
+    return {
+        "config": record_key(cfg),
+        "rounds": [r["round"] for r in evals],
+        "accuracy": [r["test_accuracy"] for r in evals],
+        "test_loss": [r.get("test_loss") for r in evals],
+        "top_weight": [max(r["weights"]) if r.get("weights") else None for r in evals],
+        "bytes_up": sum(r.get("bytes_up", 0) for r in rows),
+        "elapsed_s": summary["elapsed_s"],
+    }
 
 
-def run_jobs(
-    jobs: list[tuple[dict[str, Any], Path]],
-    workers: int,
-    desc: str,
-    hooks: list[Any] | None = None,
-) -> None:
-    """Run each ``(config, out_dir)`` whose ``summary.json`` is missing, in worker processes
-    (``hooks[i]``, if given, is job ``i``'s FedLab uplink hook: a picklable callable)."""
-    from tqdm import tqdm
+def _run_record(cfg: dict[str, Any], out: str) -> dict[str, Any]:
+    """Run one job (unless its run directory already finished it) and return its record."""
+    done = Path(out) / "summary.json"
+    if not (
+        done.exists() and record_key(json.loads(done.read_text())["config"]) == record_key(cfg)
+    ):
+        run_one(cfg, out)
+    return make_record(cfg, Path(out))
 
-    hooks = hooks if hooks is not None else [None] * len(jobs)
-    todo = [
-        (cfg, out, hook)
-        for (cfg, out), hook in zip(jobs, hooks, strict=True)
-        if not (out / "summary.json").exists()
+
+def load_record(path: Path, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The record at ``path`` if it is this run's (same resolved config), else None."""
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if rec.get("config") == record_key(cfg) else None
+
+
+def estimate_seconds(records: list[dict[str, Any]], opts: dict[str, Any]) -> tuple[float, str]:
+    """Seconds one run of this grid takes on one worker, and where that figure comes from."""
+    per = [
+        r["elapsed_s"] / (len(r["rounds"]) * r["config"]["local_epochs"])
+        for r in records
+        if r["rounds"]
     ]
-    if not todo:
-        return
-    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init) as pool:
-        futures = [pool.submit(_run_one, cfg, str(out), hook) for cfg, out, hook in todo]
-        for fut in tqdm(as_completed(futures), total=len(futures), desc=f"{desc} runs", unit="run"):
-            fut.result()
+    scale = opts["rounds"] * opts["local_epochs"]
+    if per:
+        return statistics.median(per) * scale, f"median of {len(per)} finished runs"
+    return SECONDS_PER_EPOCH_ROUND * scale, f"{SECONDS_PER_EPOCH_ROUND} s per round and epoch"
 
 
-def output_dirs(
-    out: Path | None, runs_dir: Path | None, quick: bool, stem: str, cache: str
-) -> tuple[Path, Path]:
-    """Where a benchmark writes its tables (made) and keeps its runs: ``runs/bench-quick`` and
-    its ``runs/STEM`` for ``--quick``; committed results and ``~/.cache/fedbalance/CACHE/STEM``
-    otherwise."""
-    out_dir = out or (Path("runs/bench-quick") if quick else RESULTS)
-    runs = runs_dir or (
-        out_dir / "runs" / stem if quick else Path.home() / ".cache" / "fedbalance" / cache / stem
-    )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return out_dir, runs
-
-
-def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
-    """A run's ``metrics.jsonl``: one dict per round."""
-    return [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def run_grid(opts: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run (or resume) every (scenario, aggregator, seed); return per-run curves."""
-    runs_dir = Path(opts["runs_dir"]) / f"{opts['dataset']}{_suffix(opts)}"
-    jobs = []
-    for scenario in opts["scenarios"]:
-        for agg in opts["aggregators"]:
-            for seed in range(opts["seeds"]):
-                out = runs_dir / scenario / agg / f"seed{seed}"
-                jobs.append((scenario, agg, seed, out))
-    run_jobs(
-        [(run_config(s, a, seed, opts), out) for s, a, seed, out in jobs], opts["workers"], "thesis"
-    )
-    curves = []
-    for scenario, agg, seed, out in jobs:
-        rows = read_metrics(out)
-        curves.append(
-            {
-                "scenario": scenario,
-                "aggregator": agg,
-                "seed": seed,
-                "rounds": [r["round"] for r in rows if "test_accuracy" in r],
-                "accuracy": [r["test_accuracy"] for r in rows if "test_accuracy" in r],
-                "bytes_up": sum(r.get("bytes_up", 0) for r in rows),
-            }
+def run_grid(opts: dict[str, Any], run: bool = True) -> list[dict[str, Any]]:
+    """Run (or resume) every (scenario, variant, seed), seed by seed, so that an interrupted
+    grid has whole seeds; return per-run curves (only recorded ones unless ``run``)."""
+    stem = stem_of(opts)
+    per_run = Path(opts["out"]) / "per-run" / stem
+    runs_dir = Path(opts["runs_dir"]) / stem
+    jobs = [
+        (scenario, variant, seed)
+        for seed in range(opts["seeds"])
+        for scenario in opts["scenarios"]
+        for variant in opts["aggregators"]
+    ]
+    records: dict[tuple[str, str, int], dict[str, Any]] = {}
+    todo = []
+    for scenario, variant, seed in jobs:
+        cfg = run_config(scenario, variant, seed, opts)
+        path = per_run / scenario / variant / f"seed{seed}.json"
+        rec = load_record(path, cfg)
+        if rec is not None:
+            records[(scenario, variant, seed)] = rec
+        else:
+            if path.exists():
+                log.warning("%s was recorded with another config: running it again", path)
+            todo.append((scenario, variant, seed, cfg, path))
+    if todo and run:
+        each, source = estimate_seconds(list(records.values()), opts)
+        workers = min(opts["workers"], len(todo))
+        total = each * len(todo) / workers
+        print(
+            f"{stem}: {len(records)} of {len(jobs)} runs recorded in {per_run}; {len(todo)} to run,"
+            f" about {each / 60:.1f} min each ({source}): ~{total / 3600:.1f} h on {workers}"
+            " worker(s)",
+            flush=True,
         )
+        _run_todo(todo, runs_dir, per_run, records, workers, stem)
+    curves = []
+    for scenario, variant, seed in jobs:
+        rec = records.get((scenario, variant, seed))
+        if rec is not None:
+            curves.append({"scenario": scenario, "aggregator": variant, "seed": seed, **rec})
     return curves
 
 
-def mean_std(values: list[float]) -> str:
-    if not values:
-        return "-"
-    sd = statistics.pstdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.mean(values):.2f} ± {100 * sd:.2f}"
+def _run_todo(
+    todo: list[tuple[str, str, int, dict[str, Any], Path]],
+    runs_dir: Path,
+    per_run: Path,
+    records: dict[tuple[str, str, int], dict[str, Any]],
+    workers: int,
+    stem: str,
+) -> None:
+    """Run the missing jobs; write each record as its run finishes. A run that fails is logged
+    and the others go on; the grid then stops with the list of failures."""
+    from tqdm import tqdm
 
-
-def tables(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
-    from fl_adapters._table import markdown_table
-
-    rounds = opts["rounds"]
-    checkpoints = sorted({max(1, round(rounds * f / 5)) for f in range(1, 6)})
-    out = []
-    for scenario in opts["scenarios"]:
-        rows = []
-        for agg in opts["aggregators"]:
-            runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
-            cells = [
-                mean_std([c["accuracy"][c["rounds"].index(r)] for c in runs if r in c["rounds"]])
-                for r in checkpoints
-            ]
-            best = [max(c["accuracy"]) for c in runs]
-            best_round = [c["rounds"][c["accuracy"].index(max(c["accuracy"]))] for c in runs]
-            rows.append([agg, *cells, mean_std(best), f"{statistics.mean(best_round):.0f}"])
-        header = ["aggregator", *[f"acc@{r}" for r in checkpoints], "best acc", "best round (mean)"]
-        out.append(
-            f"### {scenario}: `{json.dumps(SCENARIOS[scenario])}`\n\n"
-            + markdown_table(header, rows)
-        )
-    return "\n\n".join(out)
-
-
-def summary_table(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
-    """Best accuracy (mean ± std over seeds), aggregators x scenarios: the grid at a glance."""
-    from fl_adapters._table import markdown_table
-
-    rows = []
-    for agg in opts["aggregators"]:
-        row = [agg]
-        for scenario in opts["scenarios"]:
-            runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
-            row.append(mean_std([max(c["accuracy"]) for c in runs]))
-        rows.append(row)
-    return markdown_table(["best acc %", *opts["scenarios"]], rows)
-
-
-def host_comparison(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
-    """FedML's runs beside FedLab's on the same partition, seeds and settings (if run)."""
-    from fl_adapters._table import markdown_table
-
-    fedlab_dir = Path(opts["runs_dir"]) / (opts["dataset"] + ("_quick" if opts["quick"] else ""))
-    rows = []
-    for scenario in opts["scenarios"]:
-        for agg in opts["aggregators"]:
-            ours = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
-            best_lab = []
-            for c in ours:
-                run = fedlab_dir / scenario / agg / f"seed{c['seed']}"
-                if (run / "metrics.jsonl").exists():
-                    rows_lab = read_metrics(run)
-                    best_lab.append(
-                        max(r["test_accuracy"] for r in rows_lab if "test_accuracy" in r)
-                    )
-            if len(best_lab) != len(ours):
+    failed = []
+    with ProcessPoolExecutor(max_workers=workers, initializer=worker_init) as pool:
+        futures = {
+            pool.submit(_run_record, cfg, str(runs_dir / s / v / f"seed{seed}")): (s, v, seed, path)
+            for s, v, seed, cfg, path in todo
+        }
+        bar = tqdm(as_completed(futures), total=len(futures), desc=f"{stem} runs", unit="run")
+        for fut in bar:
+            scenario, variant, seed, path = futures[fut]
+            try:
+                rec = fut.result()
+            except Exception as exc:  # one bad run must not cost the others
+                log.error("%s/%s seed %d failed: %s", scenario, variant, seed, exc)
+                failed.append(f"{scenario}/{variant}/seed{seed}: {exc}")
                 continue
-            best_ml = [max(c["accuracy"]) for c in ours]
-            diff = 100 * (statistics.mean(best_ml) - statistics.mean(best_lab))
-            spread = 100 * max(statistics.pstdev(best_ml), statistics.pstdev(best_lab))
-            rows.append(
-                [
-                    scenario,
-                    agg,
-                    mean_std(best_lab),
-                    mean_std(best_ml),
-                    f"{diff:+.2f}",
-                    f"{spread:.2f}",
-                ]
-            )
-    if not rows:
-        return ""
-    return "FedLab standalone vs FedML sp, same partitions, seeds and settings:\n\n" + (
-        markdown_table(
-            [
-                "scenario",
-                "aggregator",
-                "FedLab best %",
-                "FedML best %",
-                "FedML - FedLab",
-                "max std",
-            ],
-            rows,
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(rec) + "\n")
+            records[(scenario, variant, seed)] = rec
+    if failed:
+        raise SystemExit(
+            f"{len(failed)} run(s) failed (the others are recorded):\n" + "\n".join(failed)
         )
-    )
-
-
-def plots(
-    curves: list[dict[str, Any]], opts: dict[str, Any], out_dir: Path, stem: str
-) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    paths = []
-    for scenario in opts["scenarios"]:
-        fig, ax = plt.subplots(figsize=(6.5, 4))
-        for agg in opts["aggregators"]:
-            runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
-            if not runs:
-                continue
-            acc = 100 * np.array([c["accuracy"] for c in runs])
-            x = runs[0]["rounds"]
-            mean, sd = acc.mean(axis=0), acc.std(axis=0)
-            ax.plot(x, mean, label=agg)
-            ax.fill_between(x, mean - sd, mean + sd, alpha=0.2)
-        ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy (%)")
-        ax.set_title(f"{opts['dataset']}: {scenario} (mean ± std over {opts['seeds']} seeds)")
-        ax.legend()
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        path = out_dir / f"{stem}_{scenario}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         help="per-run metrics, kept to resume (default ~/.cache/fedbalance/thesis-runs;"
         " <out>/runs with --quick)",
     )
+    ap.add_argument(
+        "--no-run",
+        action="store_true",
+        help="write the report from the runs recorded so far, running nothing",
+    )
     a = ap.parse_args(argv)
     opts: dict[str, Any] = dict(QUICK if a.quick else FULL)
     opts.update(
@@ -366,37 +314,18 @@ def main(argv: list[str] | None = None) -> int:
     opts["runs_dir"] = str(a.runs_dir or default_runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    curves = run_grid(opts)
-    stem = f"thesis_{a.dataset}{_suffix(opts)}"
-    note = (
-        ""
-        if opts["local_epochs"] == 10
-        else (
-            f" **{opts['local_epochs']} local epochs** (the thesis used 10; fewer to fit this machine's time)."
-        )
-    )
+    curves = run_grid(opts, run=not a.no_run)
+    if not curves:
+        print("no run of this grid is recorded yet: nothing to report", file=sys.stderr)
+        return 1
+    from fedbalance_benchmarks.thesis_report import write_report
+
     command = "fedbalance bench thesis " + " ".join(argv if argv is not None else sys.argv[1:])
-    header = (
-        f"# FedLoss thesis benchmark on {a.dataset} ({'FedLab standalone' if a.framework == 'fedlab' else 'FedML sp simulation'})\n\n"
-        f"{opts['num_clients']} clients, {opts['clients_per_round']} per round, {opts['rounds']} rounds,"
-        f" Adam lr 1e-3, batch 64, thesis CNN, seeds 0..{opts['seeds'] - 1}; accuracy (%) of the global"
-        f" model on all clients' test splits, mean ± std over seeds. fedloss and fedloss_n run"
-        f" with `peer_clip: null`, fedavg and fedloss_n with `sample_clip: null` (the papers'"
-        f" weights; see `fl_aggregators.fedloss`, `fl_aggregators.fedavg`).{note}\n\n"
-        f"Regenerate: `{command.strip()}` (an interrupted grid resumes from `--runs-dir`).\n\n"
-    )
-    text = header + summary_table(curves, opts) + "\n\n"
-    if a.framework != "fedlab":
-        comparison = host_comparison(curves, opts)
-        text += comparison + "\n\n" if comparison else ""
-    text += tables(curves, opts) + "\n"
-    (out_dir / f"{stem}.md").write_text(text)
-    (out_dir / f"{stem}.json").write_text(
-        json.dumps({"options": opts, "runs": curves}, indent=1) + "\n"
-    )
-    plots(curves, opts, out_dir, stem)
+    text = write_report(curves, opts, out_dir, stem_of(opts), command.strip())
     print(text)
-    print(f"wrote {out_dir}/{stem}.md, .json and .png plots in {time.perf_counter() - start:.0f} s")
+    print(
+        f"wrote {out_dir}/{stem_of(opts)}.md, .json and .png plots in {time.perf_counter() - start:.0f} s"
+    )
     return 0
 
 

@@ -240,3 +240,16 @@ def test_quick_thesis_bench_writes_tables_and_plots(tmp_path: Path, capsys) -> N
     assert (tmp_path / "thesis_digits_quick.md").read_text().split("\n", 4)[4] == table.split(
         "\n", 4
     )[4]
+    # the compact per-run records are what resumes a grid; --no-run reports them alone
+    records = sorted((tmp_path / "per-run" / "thesis_digits_quick").rglob("seed*.json"))
+    assert [p.relative_to(tmp_path / "per-run").as_posix() for p in records] == [
+        f"thesis_digits_quick/{s}/{a}/seed0.json"
+        for s in ("iid", "mixed")
+        for a in ("fedavg", "fedloss")
+    ]
+    argv = ["bench", "thesis", "--quick", "--dataset", "digits", "--rounds", "2", "--seeds", "2"]
+    argv += ["--scenarios", "iid", "mixed", "--aggregators", "fedavg", "fedloss"]
+    assert main([*argv, "--out", str(tmp_path), "--no-run"]) == 0
+    partial = (tmp_path / "thesis_digits_quick.md").read_text()
+    assert "**Unfinished: 4 of 8 runs recorded**" in partial
+    assert not (tmp_path / "runs" / "thesis_digits_quick" / "iid" / "fedavg" / "seed1").exists()

@@ -1,0 +1,93 @@
+"""What the bundled benchmarks share: running FedLab/FedML jobs in worker processes, where
+their tables and runs go, and how a cell of a table is written."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one process per core beats two threads per process here
+
+
+def run_one(cfg: dict[str, Any], out_dir: str, hook: Any = None) -> dict[str, Any]:
+    import logging
+
+    from fl_adapters.config import RunConfig
+
+    logging.getLogger("fl_aggregators").setLevel(logging.ERROR)
+    config = RunConfig.from_dict(cfg)
+    if config.framework == "fedml-sp":
+        from fl_adapters.fedml.runner import run_fedml
+
+        return run_fedml(config, Path(out_dir))
+    if config.framework == "fedlab-distributed":  # a server and 2 client processes, 1 thread each
+        import dataclasses
+
+        from fl_adapters.fedlab.runner import run_distributed
+        from fl_adapters.fedml.ipconfig import free_ports
+
+        # Parallel workers' runs must not share FedLab's default port.
+        config = dataclasses.replace(config, port=free_ports(1)[0])
+        return run_distributed(config, Path(out_dir), client_processes=2)
+    from fl_adapters.fedlab.runner import run_standalone
+
+    return run_standalone(config, Path(out_dir), progress=False, uplink_hook=hook)
+
+
+def run_jobs(
+    jobs: list[tuple[dict[str, Any], Path]],
+    workers: int,
+    desc: str,
+    hooks: list[Any] | None = None,
+) -> None:
+    """Run each ``(config, out_dir)`` whose ``summary.json`` is missing, in worker processes
+    (``hooks[i]``, if given, is job ``i``'s FedLab uplink hook: a picklable callable)."""
+    from tqdm import tqdm
+
+    hooks = hooks if hooks is not None else [None] * len(jobs)
+    todo = [
+        (cfg, out, hook)
+        for (cfg, out), hook in zip(jobs, hooks, strict=True)
+        if not (out / "summary.json").exists()
+    ]
+    if not todo:
+        return
+    with ProcessPoolExecutor(max_workers=workers, initializer=worker_init) as pool:
+        futures = [pool.submit(run_one, cfg, str(out), hook) for cfg, out, hook in todo]
+        for fut in tqdm(as_completed(futures), total=len(futures), desc=f"{desc} runs", unit="run"):
+            fut.result()
+
+
+def output_dirs(
+    out: Path | None, runs_dir: Path | None, quick: bool, stem: str, cache: str
+) -> tuple[Path, Path]:
+    """Where a benchmark writes its tables (made) and keeps its runs: ``runs/bench-quick`` and
+    its ``runs/STEM`` for ``--quick``; committed results and ``~/.cache/fedbalance/CACHE/STEM``
+    otherwise."""
+    out_dir = out or (Path("runs/bench-quick") if quick else RESULTS)
+    runs = runs_dir or (
+        out_dir / "runs" / stem if quick else Path.home() / ".cache" / "fedbalance" / cache / stem
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir, runs
+
+
+def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
+    """A run's ``metrics.jsonl``: one dict per round."""
+    return [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    sd = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.mean(values):.2f} ± {100 * sd:.2f}"

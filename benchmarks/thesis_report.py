@@ -1,0 +1,197 @@
+"""The thesis benchmark's report: per-scenario tables every 10 rounds, the grid at a glance,
+FedML beside FedLab, accuracy plots, and the thesis's claims set against ours."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from fedbalance_benchmarks._runs import mean_std
+from fedbalance_benchmarks.thesis import SCENARIOS, load_record, run_config, stem_of
+
+
+def tables(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+    from fl_adapters._table import markdown_table
+
+    rounds = opts["rounds"]
+    checkpoints = sorted({max(1, round(rounds * f / 5)) for f in range(1, 6)})
+    out = []
+    for scenario in opts["scenarios"]:
+        rows = []
+        for agg in opts["aggregators"]:
+            runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
+            cells = [
+                mean_std([c["accuracy"][c["rounds"].index(r)] for c in runs if r in c["rounds"]])
+                for r in checkpoints
+            ]
+            best = [max(c["accuracy"]) for c in runs]
+            best_round = [c["rounds"][c["accuracy"].index(max(c["accuracy"]))] for c in runs]
+            mean_round = f"{statistics.mean(best_round):.0f}" if best_round else "-"
+            rows.append([agg, *cells, mean_std(best), mean_round, str(len(runs))])
+        header = [
+            "aggregator",
+            *[f"acc@{r}" for r in checkpoints],
+            "best acc",
+            "best round (mean)",
+            "seeds",
+        ]
+        out.append(
+            f"### {scenario}: `{json.dumps(SCENARIOS[scenario])}`\n\n"
+            + markdown_table(header, rows)
+        )
+    return "\n\n".join(out)
+
+
+def summary_table(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+    """Best accuracy (mean ± std over seeds), aggregators x scenarios: the grid at a glance."""
+    from fl_adapters._table import markdown_table
+
+    rows = []
+    for agg in opts["aggregators"]:
+        row = [agg]
+        for scenario in opts["scenarios"]:
+            runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
+            row.append(mean_std([max(c["accuracy"]) for c in runs]))
+        rows.append(row)
+    return markdown_table(["best acc %", *opts["scenarios"]], rows)
+
+
+def host_comparison(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+    """FedML's runs beside FedLab's on the same partition, seeds and settings (if run)."""
+    from fl_adapters._table import markdown_table
+
+    fedlab = Path(opts["out"]) / "per-run" / stem_of(opts, framework="fedlab")
+    rows = []
+    for scenario in opts["scenarios"]:
+        for agg in opts["aggregators"]:
+            ours = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
+            best_lab = []
+            for c in ours:
+                cfg = run_config(scenario, agg, c["seed"], {**opts, "framework": "fedlab"})
+                rec = load_record(fedlab / scenario / agg / f"seed{c['seed']}.json", cfg)
+                if rec is not None:
+                    best_lab.append(max(rec["accuracy"]))
+            if len(best_lab) != len(ours):
+                continue
+            best_ml = [max(c["accuracy"]) for c in ours]
+            diff = 100 * (statistics.mean(best_ml) - statistics.mean(best_lab))
+            spread = 100 * max(statistics.pstdev(best_ml), statistics.pstdev(best_lab))
+            rows.append(
+                [
+                    scenario,
+                    agg,
+                    mean_std(best_lab),
+                    mean_std(best_ml),
+                    f"{diff:+.2f}",
+                    f"{spread:.2f}",
+                ]
+            )
+    if not rows:
+        return ""
+    return "FedLab standalone vs FedML sp, same partitions, seeds and settings:\n\n" + (
+        markdown_table(
+            [
+                "scenario",
+                "aggregator",
+                "FedLab best %",
+                "FedML best %",
+                "FedML - FedLab",
+                "max std",
+            ],
+            rows,
+        )
+    )
+
+
+def plots(
+    curves: list[dict[str, Any]], opts: dict[str, Any], out_dir: Path, stem: str
+) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    paths = []
+    for scenario in opts["scenarios"]:
+        seeds = {c["seed"] for c in curves if c["scenario"] == scenario}
+        if not seeds:
+            continue
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for agg in opts["aggregators"]:
+            runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
+            if not runs:
+                continue
+            acc = 100 * np.array([c["accuracy"] for c in runs])
+            x = runs[0]["rounds"]
+            mean, sd = acc.mean(axis=0), acc.std(axis=0)
+            ax.plot(x, mean, label=agg)
+            ax.fill_between(x, mean - sd, mean + sd, alpha=0.2)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(f"{opts['dataset']}: {scenario} (mean ± std over up to {len(seeds)} seeds)")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out_dir / f"{stem}_{scenario}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def header(curves: list[dict[str, Any]], opts: dict[str, Any], command: str) -> str:
+    """What ran, how it is summarised, what is missing, and the command that regenerates it."""
+    host = (
+        "FedLab standalone"
+        if opts.get("framework", "fedlab") == "fedlab"
+        else "FedML sp simulation"
+    )
+    total = len(opts["scenarios"]) * len(opts["aggregators"]) * opts["seeds"]
+    note = (
+        ""
+        if opts["local_epochs"] == 10
+        else f" **{opts['local_epochs']} local epoch(s)** (the thesis used 10; fewer to fit this machine's time)."
+    )
+    missing = (
+        ""
+        if len(curves) == total
+        else f"**Unfinished: {len(curves)} of {total} runs recorded**; every cell states the seeds"
+        " it averages (the grid runs seed by seed and resumes from its records).\n\n"
+    )
+    return (
+        f"# FedLoss thesis benchmark on {opts['dataset']} ({host})\n\n"
+        f"{opts['num_clients']} clients, {opts['clients_per_round']} per round, {opts['rounds']} rounds,"
+        f" {opts['local_epochs']} local epoch(s), Adam lr 1e-3, batch 64, thesis CNN, seeds"
+        f" 0..{opts['seeds'] - 1}; accuracy (%) of the global model on all clients' test splits,"
+        f" mean ± std over seeds. fedloss and fedloss_n run with `peer_clip: null`, fedavg and"
+        f" fedloss_n with `sample_clip: null` (the papers' weights; see `fl_aggregators.fedloss`,"
+        f" `fl_aggregators.fedavg`); fedloss-default is FedLoss with the library's default"
+        f" bounds.{note}\n\n"
+        f"{missing}"
+        f"Regenerate: `{command}` (it resumes from the per-run records in"
+        f" `per-run/{stem_of(opts)}/`; `--no-run` rewrites this report from them alone).\n\n"
+    )
+
+
+def write_report(
+    curves: list[dict[str, Any]], opts: dict[str, Any], out_dir: Path, stem: str, command: str
+) -> str:
+    """Write ``<stem>.md``, ``<stem>.json`` and the plots; return the markdown."""
+    text = header(curves, opts, command) + summary_table(curves, opts) + "\n\n"
+    if opts.get("framework", "fedlab") != "fedlab":
+        comparison = host_comparison(curves, opts)
+        text += comparison + "\n\n" if comparison else ""
+    if opts["rounds"] >= 50 and not opts["quick"]:
+        from fedbalance_benchmarks.thesis_claims import report as claims_report
+
+        text += claims_report(curves, opts, out_dir) + "\n\n"
+    text += tables(curves, opts) + "\n"
+    (out_dir / f"{stem}.md").write_text(text)
+    (out_dir / f"{stem}.json").write_text(
+        json.dumps({"options": opts, "runs": curves}, indent=1) + "\n"
+    )
+    plots(curves, opts, out_dir, stem)
+    return text
