@@ -341,7 +341,12 @@ CLAIMS = (
 
 
 def verdicts(grid: Grid, curves: Sequence[dict[str, Any]] | None) -> list[Verdict]:
-    """The five claims on ``grid``; ``curves`` (ours) for the curve-shape half of claim 5."""
+    """The five claims on ``grid``; ``curves`` (ours) for the curve-shape half of claim 5. A
+    grid with fewer than two runs in some cell has no spread to judge by: every claim is then
+    open, saying so."""
+    runs = min((s.runs for aggs in grid.values() for s in aggs.values()), default=0)
+    if runs < 2:
+        return [Verdict(f"too few seeds ({runs})", "a spread needs two runs a cell")] * 5
     out = [check(grid) for _, check in CLAIMS]
     out.append(
         claim_stability(grid, curves) if curves is not None else thesis_claim_stability(grid)

@@ -184,7 +184,7 @@ def write_report(
     if opts.get("framework", "fedlab") != "fedlab":
         comparison = host_comparison(curves, opts)
         text += comparison + "\n\n" if comparison else ""
-    if opts["rounds"] >= 50 and not opts["quick"]:
+    if opts["rounds"] >= 50 and not opts["quick"] and opts.get("framework", "fedlab") == "fedlab":
         from fedbalance_benchmarks.thesis_claims import report as claims_report
 
         text += claims_report(curves, opts, out_dir) + "\n\n"

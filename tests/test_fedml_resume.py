@@ -1,9 +1,9 @@
 """FedML checkpoints and resume with real FedML 0.9.6 processes.
 
 sp resumes bit-identically (fedavgm: momentum; fedloss: validation losses; astraea: plan);
-a rank killed in MPI simulation, a silo killed in cross-silo over MPI or over gRPC stops the
-run within 60 s naming what died and the checkpoint, and ``resume`` finishes it (the gRPC
-server's death is timed by the reliability benchmark). The host is the bundled FedML example, configured by
+a rank killed in MPI simulation, a silo or the server killed in cross-silo over MPI or over
+gRPC stops the run within 60 s naming what died and the checkpoint, and ``resume`` finishes it
+(the reliability benchmark times the same faults). The host is the bundled FedML example, configured by
 ``fedbalance run`` (its YAML gains ``checkpoint_dir:`` and ``resume_from:``).
 """
 
@@ -213,7 +213,9 @@ def check_killed_and_resumed(got: dict[str, Any], out: Path, rounds: int) -> Non
 @pytest.mark.slow
 @needs_mpi
 @pytest.mark.parametrize(
-    ("framework", "rank"), [("fedml-mpi", 1), ("fedml-cross-silo", 2)], ids=["simulation", "silo"]
+    ("framework", "rank"),
+    [("fedml-mpi", 1), ("fedml-cross-silo", 2), ("fedml-cross-silo", 0)],
+    ids=["simulation", "silo", "cross-silo-server"],
 )
 def test_a_killed_mpi_rank_names_itself_and_the_run_resumes(
     tmp_path: Path, framework: str, rank: int
@@ -228,15 +230,22 @@ def test_a_killed_mpi_rank_names_itself_and_the_run_resumes(
 
 
 @pytest.mark.slow
-def test_a_killed_grpc_silo_names_itself_and_the_run_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("rank", "what", "log"),
+    [(2, "silo rank 2", "fedml-rank2.log"), (0, "server (rank 0)", "fedml.log")],
+    ids=["silo", "server"],
+)
+def test_a_killed_grpc_process_names_itself_and_the_run_resumes(
+    tmp_path: Path, rank: int, what: str, log: str
+) -> None:
     pytest.importorskip("grpc")
     from fedbalance_benchmarks.reliability import fedml_kill_and_resume
 
     out = tmp_path / "out"
     config = run_config(tmp_path, "grpc", framework="fedml-cross-silo", backend="grpc", rounds=50)
-    got = fedml_kill_and_resume(out, config, rank=2, more_rounds=1)
-    assert "silo rank 2 was killed by signal 9 (SIGKILL) after round" in got["error"], got
+    got = fedml_kill_and_resume(out, config, rank=rank, more_rounds=1)
+    assert f"{what} was killed by signal 9 (SIGKILL) after round" in got["error"], got
     assert "of 50; every other process was stopped" in got["error"], got
-    assert str(out / "fedml-rank2.log") in got["error"], got
+    assert str(out / log) in got["error"], got
     check_killed_and_resumed(got, out, got["checkpoint_round"] + 1)
-    assert (out / "fedml-rank2.log.1").exists()  # the killed silo's log is kept
+    assert (out / f"{log}.1").exists()  # the killed process's log is kept

@@ -122,3 +122,8 @@ def test_report_sets_each_claim_against_the_thesis(tmp_path: Path) -> None:
     rows = tc.default_vs_thesis_rule(tc.our_grid(curves))
     assert [r[0] for r in rows] == ["iid", "label", "quantity", "feature", "mixed"]
     assert all(r[3] == "-0.10" and r[5] == "within std" for r in rows)
+
+
+def test_one_seed_gives_no_verdict() -> None:
+    curves = [c for c in curves_from(tc.thesis_grid("svhn")) if c["seed"] == 0]
+    assert {v.verdict for v in tc.verdicts(tc.our_grid(curves), curves)} == {"too few seeds (1)"}
