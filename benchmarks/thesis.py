@@ -320,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from fedbalance_benchmarks.thesis_report import write_report
 
-    command = "fedbalance bench thesis " + " ".join(argv if argv is not None else sys.argv[1:])
+    args = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--no-run"]
+    command = "fedbalance bench thesis " + " ".join(args)
     text = write_report(curves, opts, out_dir, stem_of(opts), command.strip())
     print(text)
     print(

@@ -377,8 +377,10 @@ def default_vs_thesis_rule(grid: Grid) -> list[list[str]]:
 
 
 def _grid_seeds(grid: Grid) -> str:
-    seeds = sorted({s.runs for aggs in grid.values() for s in aggs.values()})
-    return "/".join(map(str, seeds)) or "0"
+    """``3 seeds``, or ``1-3 seeds`` where scenarios have finished different numbers."""
+    seeds = sorted({s.runs for aggs in grid.values() for s in aggs.values()}) or [0]
+    span = str(seeds[0]) if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}"
+    return f"{span} seed{'' if seeds == [1] else 's'}"
 
 
 def report(curves: list[dict[str, Any]], opts: dict[str, Any], out_dir: Path) -> str:
@@ -393,14 +395,14 @@ def report(curves: list[dict[str, Any]], opts: dict[str, Any], out_dir: Path) ->
         ("thesis CIFAR-10", thesis_grid("cifar10"), None),
     ]
     ours = our_grid(curves)
-    columns.append((f"ours, {opts['local_epochs']} ep. ({_grid_seeds(ours)} seeds)", ours, curves))
+    columns.append((f"ours, {opts['local_epochs']} ep. ({_grid_seeds(ours)})", ours, curves))
     other_stem = f"thesis_{opts['dataset']}" + ("_e10" if opts["local_epochs"] == 1 else "")
     other_path = out_dir / f"{other_stem}.json"
     if other_path.exists() and other_stem != f"thesis_{opts['dataset']}_e{opts['local_epochs']}":
         doc = json.loads(other_path.read_text())
         grid = our_grid(doc["runs"])
         epochs = doc["options"]["local_epochs"]
-        columns.append((f"ours, {epochs} ep. ({_grid_seeds(grid)} seeds)", grid, doc["runs"]))
+        columns.append((f"ours, {epochs} ep. ({_grid_seeds(grid)})", grid, doc["runs"]))
     results = [verdicts(grid, c) for _, grid, c in columns]
     names = [name for name, _ in CLAIMS] + [
         "5. Under label skew FedLoss has the smallest peaks and valleys; smallest r50 std"
@@ -457,3 +459,12 @@ def report(curves: list[dict[str, Any]], opts: dict[str, Any], out_dir: Path) ->
         " ours is the library default."
     )
     return "\n\n".join(out)
+
+
+def verdict_table(report_md: str) -> str:
+    """The verdict table of a report's "Set against the thesis" section (what the README shows)."""
+    section = report_md[report_md.index("## Set against the thesis") :]
+    lines = section.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| claim"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])

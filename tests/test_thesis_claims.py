@@ -127,3 +127,38 @@ def test_report_sets_each_claim_against_the_thesis(tmp_path: Path) -> None:
 def test_one_seed_gives_no_verdict() -> None:
     curves = [c for c in curves_from(tc.thesis_grid("svhn")) if c["seed"] == 0]
     assert {v.verdict for v in tc.verdicts(tc.our_grid(curves), curves)} == {"too few seeds (1)"}
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def committed_e10() -> tuple[dict[str, Any], str]:
+    import json
+
+    doc = json.loads((RESULTS / "thesis_fmnist_e10.json").read_text())
+    return doc, (RESULTS / "thesis_fmnist_e10.md").read_text()
+
+
+def test_the_committed_report_sets_its_own_runs_against_the_thesis() -> None:
+    doc, text = committed_e10()
+    assert tc.report(doc["runs"], doc["options"], RESULTS) in text
+    total = 5 * 6 * doc["options"]["seeds"]
+    assert len(doc["runs"]) == total or f"Unfinished: {len(doc['runs'])} of {total} runs" in text
+
+
+def test_every_run_of_the_committed_report_is_a_committed_record() -> None:
+    import json
+
+    doc, _ = committed_e10()
+    for run in doc["runs"]:
+        path = RESULTS / "per-run" / "thesis_fmnist_e10" / run["scenario"] / run["aggregator"]
+        record = json.loads((path / f"seed{run['seed']}.json").read_text())
+        assert record["accuracy"] == run["accuracy"] and record["config"]["local_epochs"] == 10
+
+
+def test_the_readme_shows_the_reports_verdicts() -> None:
+    _, text = committed_e10()
+    readme = README.read_text()
+    block = readme.split("<!-- thesis-claims -->\n", 1)[1].split("\n<!-- /thesis-claims -->", 1)[0]
+    assert block == tc.verdict_table(text)
