@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +30,17 @@ def test_fedbalance_imports_and_lists_without_flwr() -> None:
 def test_asking_for_the_flower_adapter_says_what_to_install() -> None:
     with pytest.raises(ImportError, match=r"needs flwr 1\.41\.x, which is not installed: "):
         import fl_adapters.flower  # noqa: F401
+
+
+def test_fedbalance_run_on_flower_without_flwr_exits_2_naming_it(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("framework: flower\ndataset: digits\naggregator: fedloss\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "fl_adapters.cli", "run", str(config), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "needs flwr 1.41.x, which is not installed: pip install 'fedbalance[flower]'" in (
+        out.stderr
+    )

@@ -23,7 +23,12 @@ from fl_adapters.autoload import FORCE_ENV, HostNotSupported, forced
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on use
     from fl_adapters.flower.config import AppConfig, parse_run_config
     from fl_adapters.flower.strategy import FedBalanceStrategy, strategy_from_run_config
-    from fl_adapters.flower.trainer import evaluate_reply, local_split, train_reply
+    from fl_adapters.flower.trainer import (
+        evaluate_reply,
+        identify_reply,
+        local_split,
+        train_reply,
+    )
 
 #: The Flower releases this adapter was written and tested against (``major.minor``).
 SUPPORTED = "1.41"
@@ -60,6 +65,7 @@ _SOURCES = {
     "AppConfig": "config",
     "FedBalanceStrategy": "strategy",
     "evaluate_reply": "trainer",
+    "identify_reply": "trainer",
     "local_split": "trainer",
     "parse_run_config": "config",
     "strategy_from_run_config": "strategy",
@@ -72,6 +78,7 @@ __all__ = [
     "SUPPORTED",
     "evaluate_reply",
     "flwr_version",
+    "identify_reply",
     "local_split",
     "parse_run_config",
     "require_flower",

@@ -33,6 +33,9 @@ VAL_LOSS = "val_loss"
 CLIENT_ID = "client-id"
 ARRAYS = "arrays"
 METRICS = "metrics"
+#: A query message's config key saying what the server asks; ``identify``: the client's id.
+QUERY_KEY = "fedbalance-query"
+IDENTIFY = "identify"
 
 
 def to_state_dict(record: ArrayRecord) -> OrderedDict[str, torch.Tensor]:

@@ -1,4 +1,9 @@
-"""A Flower app in Flower's deployment engine on this machine: SuperLink, SuperNodes, ``flwr run``.
+"""``fedbalance run`` on Flower, and a Flower app in the deployment engine on this machine.
+
+:func:`run_flower` runs the bundled Flower app (``benchmarks/flower_app``) from a fedbalance
+:class:`~fl_adapters.config.RunConfig`: ``framework: flower`` in Flower's simulation engine,
+``framework: flower-deployment`` in a local deployment, each client one node holding its
+partition. It writes ``metrics.jsonl`` and ``summary.json`` as the other hosts do.
 
 :func:`run_deployment` starts ``flower-superlink`` and one ``flower-supernode`` per partition on
 127.0.0.1 (free ports, no TLS), submits the app with ``flwr run APP local-deployment --stream``
@@ -14,6 +19,7 @@ the app runs in the environment that started it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -24,7 +30,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from fl_adapters.config import ConfigError, RunConfig, RunFailed
 from fl_adapters.processes import descendants, exit_reason, free_ports, kill_all, stop
 
 log = logging.getLogger(__name__)
@@ -184,3 +192,129 @@ def run_deployment(
         dep.seconds = time.monotonic() - started
     dep.log = dep.logs["flwr run"].read_text(errors="replace")
     return dep
+
+
+# -- fedbalance run ----------------------------------------------------------------------------
+def app_dir() -> Path:
+    """The bundled Flower app (its ``pyproject.toml`` ships with the package)."""
+    import fedbalance_benchmarks.flower_app as app
+
+    return Path(app.__file__).resolve().parent
+
+
+def app_run_config(config: RunConfig, out_dir: Path) -> Path:
+    """``config`` as a TOML file of the app's run-config overrides (``--run-config FILE``).
+
+    A file, not ``key=value`` pairs: Flower splits those with a regular expression that
+    cannot hold a JSON value's quotes and spaces. A JSON string or number is valid TOML.
+    """
+    values: dict[str, Any] = {
+        "aggregator": config.aggregator,
+        "aggregator-args": json.dumps(config.aggregator_args),
+        "seed": config.seed,
+        "num-server-rounds": config.rounds,
+        "num-partitions": config.num_clients,
+        "clients-per-round": config.clients_per_round,
+        "dataset": config.dataset,
+        "data-dir": config.data_dir or "",
+        "split": json.dumps(config.split),
+        "partition": json.dumps(config.partition),
+        "model": config.model,
+        "local-epochs": config.local_epochs,
+        "batch-size": config.batch_size,
+        "optimizer": config.optimizer,
+        "lr": config.lr,
+        "max-samples": config.max_samples or 0,
+        "out-dir": str(out_dir / "app"),
+    }
+    path = out_dir / "run_config.toml"
+    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+    return path
+
+
+def run_flower(config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600) -> dict[str, Any]:
+    """Run ``config`` on Flower; ``metrics.jsonl`` and ``summary.json`` in ``out_dir``."""
+    from fl_adapters.experiment import check
+
+    check(config)  # dataset, partition and aggregator arguments, before any process starts
+    from fl_adapters.flower.strategy import make_aggregator
+
+    make_aggregator(config.aggregator, config.aggregator_args)  # what Flower cannot run yet
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = out_dir / "aggregations.jsonl"
+    for stale in (record, out_dir / "metrics.jsonl", out_dir / "app" / "summary.json"):
+        stale.unlink(missing_ok=True)
+    env = {"FEDBALANCE_RECORD": str(record)}
+    overrides = str(app_run_config(config, out_dir))
+    if config.framework == "flower-deployment":
+        try:
+            run_deployment(
+                app_dir(),
+                out_dir / "deployment",
+                num_supernodes=config.num_clients,
+                run_config=[overrides],
+                env=env,
+                timeout=timeout,
+            )
+        except DeploymentFailed as e:
+            raise RunFailed(f"Flower deployment: {e}") from e
+    elif config.framework == "flower":
+        _simulate(config.num_clients, overrides, out_dir, env, timeout)
+    else:
+        raise ConfigError(f"framework must be flower or flower-deployment, got {config.framework}")
+    return collect(config, out_dir)
+
+
+def _simulate(
+    nodes: int, overrides: str, out_dir: Path, env: Mapping[str, str], timeout: float
+) -> None:
+    argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
+    argv += ["--num-supernodes", str(nodes), "--run-config", overrides]
+    log_path = out_dir / "flower-simulation.log"
+    with open(log_path, "wb") as handle:
+        proc = subprocess.Popen(
+            argv, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ray's processes with it
+        )  # fmt: skip
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            helpers = descendants(proc.pid)
+            stop(proc)
+            kill_all(helpers)
+    if proc.returncode != 0:
+        raise RunFailed(f"the Flower simulation {exit_reason(proc.returncode)} (log: {log_path})")
+
+
+def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
+    """Per-round rows from the aggregation record and the app's evaluation, and the summary.
+
+    ``test_accuracy`` is Flower's federated evaluation: every client's test split, averaged
+    by size -- the FedLab runner's ``eval_data: clients``.
+    """
+    record = out_dir / "aggregations.jsonl"
+    aggregations = [json.loads(x) for x in record.read_text().splitlines()]
+    app_summary = json.loads((out_dir / "app" / "summary.json").read_text())
+    evaluate = app_summary["evaluate"]
+    rows = []
+    for agg in aggregations:
+        row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")}
+        row["rejected"] = len(agg["rejected"])
+        metrics = evaluate.get(str(agg["round"]))
+        if metrics is not None:
+            row.update(test_accuracy=metrics["eval_acc"], test_loss=metrics["eval_loss"])
+        rows.append(row)
+    (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = [r for r in rows if "test_accuracy" in r]
+    best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
+    summary = {
+        "config": config.to_dict(),
+        "rounds": len(rows),
+        "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "best_accuracy": best["test_accuracy"] if best else None,
+        "best_round": best["round"] if best else None,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary

@@ -39,7 +39,14 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_adapters.config import ConfigError
 from fl_adapters.flower.config import AGGREGATOR_KEY, ARGS_KEY, WHERE, parse_run_config
-from fl_adapters.flower.payload import reply_to_update, to_array_record, to_state_dict
+from fl_adapters.flower.payload import (
+    CLIENT_ID,
+    IDENTIFY,
+    QUERY_KEY,
+    reply_to_update,
+    to_array_record,
+    to_state_dict,
+)
 from fl_aggregators import AggregationResult, Aggregator
 
 log = logging.getLogger(__name__)
@@ -105,6 +112,10 @@ class FedBalanceStrategy(FedAvg):
         self.on_round = on_round
         self.host = HOST
         self.last_result: AggregationResult | None = None
+        #: Node id -> the client id (partition-id) it reported, for reproducible sampling.
+        self.client_ids: dict[int, int] = {}
+        #: Seconds to wait for the nodes' answers to :meth:`identify`.
+        self.identify_timeout = 300.0
         #: The global model the current round's clients started from (what a skipped round
         #: keeps, and what FedAvgM's momentum and the update bounds are measured against).
         self.global_params: dict[str, torch.Tensor] | None = None
@@ -115,13 +126,51 @@ class FedBalanceStrategy(FedAvg):
 
     # -- sampling ---------------------------------------------------------------------------
     def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
-        """Node ids for one round: ``max(fraction * connected, minimum)``, seeded."""
+        """Node ids for one round: ``max(fraction * connected, minimum)``, seeded.
+
+        Nodes are ordered by the client id they report (see :meth:`identify`): Flower's node
+        ids are random per run, so ordering by them would give the same seed other clients.
+        """
         # sample_nodes waits until enough nodes are connected; asking it for 0 nodes means it
         # draws nothing from the global RNG, and this strategy's RNG chooses.
         _, connected = sample_nodes(grid, max(self.min_available_nodes, minimum), 0)
-        nodes = sorted(connected)
-        size = min(len(nodes), max(int(len(nodes) * fraction), minimum))
-        return sorted(self.rng.sample(nodes, size))
+        size = min(len(connected), max(int(len(connected) * fraction), minimum))
+        if size == len(connected):
+            return sorted(connected)  # everyone: no draw, so the RNG stream does not depend on it
+        if any(node not in self.client_ids for node in connected):
+            self.identify(grid, connected)
+        nodes = sorted(connected, key=self._order)
+        return sorted(self.rng.sample(nodes, size), key=self._order)
+
+    def _order(self, node: int) -> tuple[int, int]:
+        client = self.client_ids.get(node)
+        return (0, client) if client is not None else (1, node)
+
+    def identify(self, grid: Grid, nodes: Iterable[int]) -> None:
+        """Ask ``nodes`` for their client id (one ``query`` message each; see
+        :func:`fl_adapters.flower.trainer.identify_reply`). A node that cannot answer keeps
+        its place by node id, with a warning: sampling is then not reproducible across runs."""
+        record = RecordDict({self.configrecord_key: ConfigRecord({QUERY_KEY: IDENTIFY})})
+        asked = [node for node in nodes if node not in self.client_ids]
+        replies = grid.send_and_receive(
+            self._construct_messages(record, asked, MessageType.QUERY),
+            timeout=self.identify_timeout,
+        )
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            client = None
+            if not msg.has_error():
+                for metrics in msg.content.metric_records.values():
+                    client = metrics.get(CLIENT_ID)
+            if isinstance(client, int):
+                self.client_ids[node] = client
+            else:
+                log.warning(
+                    "node %s did not report its client id (%s); seeded sampling orders it by "
+                    "its random node id, so other runs may sample other clients",
+                    node,
+                    msg.error.reason if msg.has_error() else "no client-id",
+                )
 
     def _configure(
         self,

@@ -31,7 +31,13 @@ from torch.utils.data import Dataset, Subset
 
 from fl_adapters._training import evaluate, stream_seed
 from fl_adapters.flower.config import SEED_KEY
-from fl_adapters.flower.payload import METRICS, NUM_EXAMPLES, make_reply, to_state_dict
+from fl_adapters.flower.payload import (
+    CLIENT_ID,
+    METRICS,
+    NUM_EXAMPLES,
+    make_reply,
+    to_state_dict,
+)
 from fl_partitions.partition import DEFAULT_SPLIT, local_splits
 
 log = logging.getLogger(__name__)
@@ -139,4 +145,15 @@ def evaluate_reply(
     test = client_splits(context, data, split).get("test")
     loss, acc, n = evaluate(model, test) if test is not None else (float("nan"), 0.0, 0)
     metrics = MetricRecord({NUM_EXAMPLES: n, "eval_loss": loss, "eval_acc": acc})
+    return Message(content=RecordDict({METRICS: metrics}), reply_to=msg)
+
+
+def identify_reply(msg: Message, context: Context) -> Message:
+    """The reply to the strategy's ``identify`` query: this node's ``partition-id``.
+
+    Register it in the ClientApp (``@app.query()``) so that a run sampling fewer clients than
+    it has nodes samples the same clients for the same seed (Flower's node ids are random).
+    """
+    client = partition_id(context)
+    metrics = MetricRecord({} if client is None else {CLIENT_ID: client})
     return Message(content=RecordDict({METRICS: metrics}), reply_to=msg)

@@ -9,7 +9,12 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedbalance_benchmarks.flower_app.task import client_data, model_of, train_fn
-from fl_adapters.flower.trainer import evaluate_reply, partition_id, train_reply
+from fl_adapters.flower.trainer import (
+    evaluate_reply,
+    identify_reply,
+    partition_id,
+    train_reply,
+)
 
 app = ClientApp()
 
@@ -40,3 +45,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     torch.set_num_threads(1)
     config = msg.content.config_records["config"]
     return evaluate_reply(msg, context, model_of(config), client_data(config, _client(context)))
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    return identify_reply(msg, context)  # the strategy's seeded sampling orders nodes by it

@@ -29,10 +29,14 @@ def main(grid: Grid, context: Context) -> None:
 def run(grid: Grid, run_config: Mapping[str, Any]) -> Result:
     """Train ``num-server-rounds`` rounds on every node; write the outcome to ``out-dir``."""
     torch.set_num_threads(1)
-    run_config_of(run_config)  # validate the app's keys before any node is asked for work
-    nodes = int(run_config["num-partitions"])
+    cfg = run_config_of(run_config)  # validate the app's keys before any node gets work
+    nodes, per_round = cfg.num_clients, cfg.clients_per_round
     strategy = strategy_from_run_config(
-        run_config, min_available_nodes=nodes, min_train_nodes=nodes, min_evaluate_nodes=nodes
+        run_config,
+        fraction_train=per_round / nodes,
+        min_train_nodes=per_round,  # the seeded sampler takes max(fraction * nodes, this)
+        min_available_nodes=nodes,
+        min_evaluate_nodes=nodes,
     )
     torch.manual_seed(int(run_config["seed"]))  # the initial model, as the other hosts seed it
     model = model_of(run_config)

@@ -31,6 +31,8 @@ CLIENT_KEYS = (
     "seed",
     "num-partitions",
     "dataset",
+    "data-dir",
+    "split",
     "partition",
     "model",
     "local-epochs",
@@ -46,10 +48,12 @@ def run_config_of(config: Mapping[str, Any]) -> RunConfig:
     max_samples = int(config.get("max-samples", 0))
     return RunConfig(
         dataset=str(config["dataset"]),
+        data_dir=str(config.get("data-dir", "")) or None,
+        split=json.loads(str(config.get("split", "[0.7, 0.1, 0.2]"))),
         partition=json.loads(str(config["partition"])),
         model=str(config["model"]),
         num_clients=int(config["num-partitions"]),
-        clients_per_round=int(config["num-partitions"]),
+        clients_per_round=int(config.get("clients-per-round", 0) or config["num-partitions"]),
         local_epochs=int(config["local-epochs"]),
         batch_size=int(config["batch-size"]),
         optimizer=str(config["optimizer"]),
