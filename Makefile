@@ -60,7 +60,7 @@ test: lint test-flower
 
 # The Flower tests, in Flower's environment (the main suite skips tests/flower: no flwr there).
 test-flower: setup-flower
-	$(FLOWER_PY) -m mypy adapters/flower benchmarks/flower_app
+	$(FLOWER_PY) -m mypy --follow-imports=silent adapters/flower benchmarks/flower_app
 	$(FLOWER_PY) -m pytest tests/flower --durations=10 $(PYTEST_ARGS)
 
 # Skips the slow end-to-end runs (real frameworks, real processes); CI runs everything.

@@ -22,6 +22,7 @@ from fl_adapters.autoload import FORCE_ENV, HostNotSupported, forced
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on use
     from fl_adapters.flower.config import AppConfig, parse_run_config
+    from fl_adapters.flower.datasets import FedBalancePartitioner
     from fl_adapters.flower.strategy import FedBalanceStrategy, strategy_from_run_config
     from fl_adapters.flower.trainer import (
         evaluate_reply,
@@ -63,6 +64,7 @@ require_flower()
 
 _SOURCES = {
     "AppConfig": "config",
+    "FedBalancePartitioner": "datasets",
     "FedBalanceStrategy": "strategy",
     "evaluate_reply": "trainer",
     "identify_reply": "trainer",
@@ -74,6 +76,7 @@ _SOURCES = {
 
 __all__ = [
     "AppConfig",
+    "FedBalancePartitioner",
     "FedBalanceStrategy",
     "SUPPORTED",
     "evaluate_reply",
