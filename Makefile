@@ -59,6 +59,8 @@ test: lint test-flower
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # The Flower tests, in Flower's environment (the main suite skips tests/flower: no flwr there).
+# One process: the module-scoped runs are shared by their tests, and xdist would set them up
+# once per worker (measured: no faster with -n 2).
 test-flower: setup-flower
 	$(FLOWER_PY) -m mypy --follow-imports=silent adapters/flower benchmarks/flower_app
 	$(FLOWER_PY) -m pytest tests/flower --durations=10 $(PYTEST_ARGS)

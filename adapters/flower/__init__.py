@@ -21,6 +21,11 @@ from typing import TYPE_CHECKING, Any
 from fl_adapters.autoload import FORCE_ENV, HostNotSupported, forced
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on use
+    from fl_adapters.flower.astraea import (
+        AstraeaStrategy,
+        astraea_query_reply,
+        astraea_train_reply,
+    )
     from fl_adapters.flower.config import AppConfig, parse_run_config
     from fl_adapters.flower.datasets import FedBalancePartitioner
     from fl_adapters.flower.strategy import FedBalanceStrategy, strategy_from_run_config
@@ -64,6 +69,9 @@ require_flower()
 
 _SOURCES = {
     "AppConfig": "config",
+    "AstraeaStrategy": "astraea",
+    "astraea_query_reply": "astraea",
+    "astraea_train_reply": "astraea",
     "FedBalancePartitioner": "datasets",
     "FedBalanceStrategy": "strategy",
     "evaluate_reply": "trainer",
@@ -76,9 +84,12 @@ _SOURCES = {
 
 __all__ = [
     "AppConfig",
+    "AstraeaStrategy",
     "FedBalancePartitioner",
     "FedBalanceStrategy",
     "SUPPORTED",
+    "astraea_query_reply",
+    "astraea_train_reply",
     "evaluate_reply",
     "flwr_version",
     "identify_reply",

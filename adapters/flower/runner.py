@@ -239,7 +239,9 @@ def run_flower(config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600) 
     check(config)  # dataset, partition and aggregator arguments, before any process starts
     from fl_adapters.flower.strategy import make_aggregator
 
-    make_aggregator(config.aggregator, config.aggregator_args)  # what Flower cannot run yet
+    make_aggregator(config.aggregator, config.aggregator_args, mediated=True)  # before any process
+    # Absolute: the ServerApp writes to it from Flower's own processes and working directory.
+    out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     record = out_dir / "aggregations.jsonl"
     for stale in (record, out_dir / "metrics.jsonl", out_dir / "app" / "summary.json"):

@@ -54,8 +54,14 @@ log = logging.getLogger(__name__)
 HOST = "flower"
 
 
-def make_aggregator(aggregator: str | Aggregator, args: Mapping[str, Any] | None) -> Aggregator:
-    """A registered aggregator by name (errors name the run-config key) or ``aggregator``."""
+def make_aggregator(
+    aggregator: str | Aggregator, args: Mapping[str, Any] | None, *, mediated: bool = False
+) -> Aggregator:
+    """A registered aggregator by name (errors name the run-config key) or ``aggregator``.
+
+    An Astraea aggregator that trains mediators or rebalances is refused unless ``mediated``
+    (the caller is :class:`~fl_adapters.flower.astraea.AstraeaStrategy`).
+    """
     if isinstance(aggregator, Aggregator):
         return aggregator
     from fl_adapters.registry import PluginError, get_registry
@@ -69,17 +75,22 @@ def make_aggregator(aggregator: str | Aggregator, args: Mapping[str, Any] | None
         agg: Aggregator = registry.make_aggregator(aggregator, **dict(args or {}))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{WHERE} {ARGS_KEY} for {cls.name!r}: {e}") from e
-    if getattr(agg, "mediated", False) and (
-        getattr(agg, "mediators", True) or getattr(agg, "augment", True)
-    ):
+    if needs_mediators(agg) and not mediated:
         # Astraea trains mediator chains and rebalances client data; aggregating its replies
         # as plain updates would be FedAvg under Astraea's name.
         raise ConfigError(
-            f"{WHERE} {AGGREGATOR_KEY} = {cls.name!r}: Astraea's mediators and rebalancing are "
-            f"not implemented on Flower yet; only its aggregation runs here, with "
-            f'{ARGS_KEY} = \'{{"mediators": false, "augment": false}}\''
+            f"{WHERE} {AGGREGATOR_KEY} = {cls.name!r} trains mediators and rebalances data: "
+            f"use AstraeaStrategy (strategy_from_run_config picks it), or "
+            f'{ARGS_KEY} = \'{{"mediators": false, "augment": false}}\' for its aggregation only'
         )
     return agg
+
+
+def needs_mediators(agg: Aggregator) -> bool:
+    """Whether ``agg`` is an Astraea that trains mediator chains or rebalances data."""
+    return bool(getattr(agg, "mediated", False)) and bool(
+        getattr(agg, "mediators", True) or getattr(agg, "augment", True)
+    )
 
 
 class FedBalanceStrategy(FedAvg):
@@ -103,10 +114,11 @@ class FedBalanceStrategy(FedAvg):
         aggregator_args: Mapping[str, Any] | None = None,
         seed: int = 0,
         on_round: Callable[[FedBalanceStrategy, AggregationResult], None] | None = None,
+        mediated: bool = False,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
-        self.aggregator = make_aggregator(aggregator, aggregator_args)
+        self.aggregator = make_aggregator(aggregator, aggregator_args, mediated=mediated)
         self.seed = seed
         self.rng = random.Random(seed)
         self.on_round = on_round
@@ -277,7 +289,9 @@ def weighted_metrics(updates: list[Any], weights: list[float]) -> dict[str, floa
 def strategy_from_run_config(
     run_config: Mapping[str, Any], **fedavg_kwargs: Any
 ) -> FedBalanceStrategy:
-    """The strategy a Flower app's run config asks for (see :mod:`fl_adapters.flower.config`).
+    """The strategy a Flower app's run config asks for (see :mod:`fl_adapters.flower.config`):
+    :class:`~fl_adapters.flower.astraea.AstraeaStrategy` for an Astraea with mediators or
+    rebalancing, :class:`FedBalanceStrategy` for every other aggregator.
 
     Parameters
     ----------
@@ -289,6 +303,9 @@ def strategy_from_run_config(
     >>> strategy = strategy_from_run_config({"aggregator": "fedloss"}, fraction_evaluate=0.0)
     """
     cfg = parse_run_config(run_config)
-    return FedBalanceStrategy(
-        cfg.aggregator, aggregator_args=cfg.aggregator_args, seed=cfg.seed, **fedavg_kwargs
-    )
+    agg = make_aggregator(cfg.aggregator, cfg.aggregator_args, mediated=True)
+    if needs_mediators(agg):
+        from fl_adapters.flower.astraea import AstraeaStrategy
+
+        return AstraeaStrategy(agg, seed=cfg.seed, **fedavg_kwargs)
+    return FedBalanceStrategy(agg, seed=cfg.seed, **fedavg_kwargs)

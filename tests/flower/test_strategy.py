@@ -188,10 +188,9 @@ def test_run_config_selects_aggregator_and_arguments() -> None:
         ({"aggregator": "fedloss", "aggregator-args": '{"clip": 1}'}, "unknown argument(s) 'clip'"),
         ({"aggregator": "fedloss", "aggregator-args": '{"loss_clip": -1}'}, "loss_clip"),
         ({"seed": -1}, "seed must be an int >= 0, got -1"),
-        ({"aggregator": "astraea"}, "Astraea's mediators and rebalancing are not implemented"),
     ],
     ids=["unknown", "not-a-name", "bad-json", "json-list", "not-a-string", "unknown-arg",
-         "bad-arg-value", "negative-seed", "astraea-mediators"],
+         "bad-arg-value", "negative-seed"],
 )  # fmt: skip
 def test_run_config_errors_name_the_key_and_what_was_given(
     run_config: dict[str, object], message: str
@@ -209,7 +208,20 @@ def test_unknown_aggregator_lists_the_available_ones() -> None:
 
 def test_astraea_aggregation_alone_runs_as_a_strategy() -> None:
     cfg = {"aggregator": "astraea", "aggregator-args": '{"mediators": false, "augment": false}'}
-    assert strategy_from_run_config(cfg).aggregator.name == "astraea"
+    strategy = strategy_from_run_config(cfg)
+    assert type(strategy) is FedBalanceStrategy and strategy.aggregator.name == "astraea"
+
+
+def test_astraea_with_mediators_gets_the_astraea_strategy() -> None:
+    from fl_adapters.flower.astraea import AstraeaStrategy
+
+    strategy = strategy_from_run_config({"aggregator": "astraea", "aggregator-args": "{}"})
+    assert isinstance(strategy, AstraeaStrategy) and strategy.astraea.mediators
+
+
+def test_plain_strategy_refuses_astraea_with_mediators() -> None:
+    with pytest.raises(ConfigError, match="trains mediators and rebalances data: use AstraeaStr"):
+        FedBalanceStrategy("astraea")
 
 
 def test_defaults_when_the_app_sets_nothing() -> None:
