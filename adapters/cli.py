@@ -266,6 +266,7 @@ BENCHES = {
     "astraea": "fedbalance_benchmarks.astraea",
     "fedlab-overhead": "fedbalance_benchmarks.perf_fedlab_overhead",
     "fedml-overhead": "fedbalance_benchmarks.perf_fedml_overhead",
+    "flower-overhead": "fedbalance_benchmarks.perf_flower_overhead",
     "perf-aggregate": "fedbalance_benchmarks.perf_aggregate",
     "perf-partition": "fedbalance_benchmarks.perf_partition",
     "reliability": "fedbalance_benchmarks.reliability",
