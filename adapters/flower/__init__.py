@@ -1,4 +1,4 @@
-"""fedbalance for Flower 1.41's message API: strategy, client helper, run-config parsing.
+"""fedbalance for Flower 1.41's message API: strategies, client helpers, Astraea, partitioners.
 
 Unlike FedLab and FedML, Flower needs no patching: a Flower app asks for fedbalance in its own
 code (``strategy_from_run_config(context.run_config)`` in the ServerApp, :func:`train_reply` in

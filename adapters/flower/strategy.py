@@ -9,16 +9,20 @@ plugins) weigh, reject and record exactly as they do on FedLab and FedML, with
 
 Two departures from Flower's ``FedAvg``, both for reproducibility and robustness:
 
-* Node sampling uses the strategy's own ``random.Random(seed)`` over the sorted node ids
-  (Flower's samples with the global ``random``), so the same seed samples the same nodes of
-  the same set.
+* Node sampling uses the strategy's own ``random.Random(seed)`` (Flower's samples with the
+  global ``random``) over the nodes ordered by the client id each reports once
+  (:meth:`FedBalanceStrategy.identify`; Flower's node ids are random per run), so the same
+  seed samples the same clients -- FedLab standalone's ``random.Random(seed).sample(range(n),
+  k)`` draw -- and updates are summed in client order, so it gives the same model bit for bit.
 * A reply that is malformed (no ArrayRecord, keys or shapes of another model, missing or
   non-finite ``val_loss``, a bad ``num-examples``) is rejected by the aggregator, with a
   warning and a record entry, and the round goes on with the others; Flower's ``FedAvg``
   raises ``InconsistentMessageReplies`` for the whole round instead. A round with no
   acceptable reply keeps the global model.
 
-The ServerApp selects it with one call::
+Astraea with mediators or rebalancing runs in
+:class:`~fl_adapters.flower.astraea.AstraeaStrategy`, a subclass. The ServerApp selects
+either with one call::
 
     strategy = strategy_from_run_config(context.run_config)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), ...)
@@ -126,6 +130,8 @@ class FedBalanceStrategy(FedAvg):
         self.last_result: AggregationResult | None = None
         #: Node id -> the client id (partition-id) it reported, for reproducible sampling.
         self.client_ids: dict[int, int] = {}
+        #: Nodes that could not say their client id.
+        self.unidentified: set[int] = set()
         #: Seconds to wait for the nodes' answers to :meth:`identify`.
         self.identify_timeout = 300.0
         #: The global model the current round's clients started from (what a skipped round
@@ -149,7 +155,7 @@ class FedBalanceStrategy(FedAvg):
         size = min(len(connected), max(int(len(connected) * fraction), minimum))
         if size == len(connected):
             return sorted(connected)  # everyone: no draw, so the RNG stream does not depend on it
-        if any(node not in self.client_ids for node in connected):
+        if any(n not in self.client_ids and n not in self.unidentified for n in connected):
             self.identify(grid, connected)
         nodes = sorted(connected, key=self._order)
         return sorted(self.rng.sample(nodes, size), key=self._order)
@@ -163,7 +169,7 @@ class FedBalanceStrategy(FedAvg):
         :func:`fl_adapters.flower.trainer.identify_reply`). A node that cannot answer keeps
         its place by node id, with a warning: sampling is then not reproducible across runs."""
         record = RecordDict({self.configrecord_key: ConfigRecord({QUERY_KEY: IDENTIFY})})
-        asked = [node for node in nodes if node not in self.client_ids]
+        asked = [n for n in nodes if n not in self.client_ids and n not in self.unidentified]
         replies = grid.send_and_receive(
             self._construct_messages(record, asked, MessageType.QUERY),
             timeout=self.identify_timeout,
@@ -177,6 +183,7 @@ class FedBalanceStrategy(FedAvg):
             if isinstance(client, int):
                 self.client_ids[node] = client
             else:
+                self.unidentified.add(node)  # asked once: not again every round
                 log.warning(
                     "node %s did not report its client id (%s); seeded sampling orders it by "
                     "its random node id, so other runs may sample other clients",
