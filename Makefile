@@ -12,8 +12,12 @@ PYTEST_ARGS ?=
 # Test processes: many tests wait on the processes they start, so two workers on two cores
 # finish well before one. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
+# Flower's own environment: flwr needs protobuf>=5 and FedML 0.9.6 protobuf<4, so the Flower
+# tests (tests/flower) run in a second venv. torch is hard-linked from $(VENV) (tests/stacks.py).
+FLOWER_VENV ?= .venv-flower
+FLOWER_PY   := $(FLOWER_VENV)/bin/python
 
-.PHONY: setup system-deps demo test test-fast fuzz lint bench-perf clean
+.PHONY: setup setup-flower system-deps demo test test-flower test-fast fuzz lint bench-perf clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -35,6 +39,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[$$extras]"
 	touch $@
 
+setup-flower: $(FLOWER_VENV)/.installed
+
+# Seconds once (torch is linked, not installed), nothing while the stamp is newer than its inputs.
+$(FLOWER_VENV)/.installed: pyproject.toml tests/stacks.py $(VENV)/.installed
+	$(PY) tests/stacks.py flower $(FLOWER_VENV)
+	$(FLOWER_PY) -m pip install -q --disable-pip-version-check -e ".[flower,bench,dev]"
+	touch $@
+
 demo: setup
 	$(VENV)/bin/fedbalance demo --out runs/demo
 
@@ -43,8 +55,15 @@ lint: setup
 	$(PY) -m ruff format --check fl_aggregators fl_partitions adapters benchmarks tests
 	$(PY) -m mypy
 
-test: lint
+test: lint test-flower
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
+
+# The Flower tests, in Flower's environment (the main suite skips tests/flower: no flwr there).
+# One process: the module-scoped runs are shared by their tests, and xdist would set them up
+# once per worker (measured: no faster with -n 2).
+test-flower: setup-flower
+	$(FLOWER_PY) -m mypy --follow-imports=silent adapters/flower benchmarks/flower_app benchmarks/perf_flower_overhead.py
+	$(FLOWER_PY) -m pytest tests/flower --durations=10 $(PYTEST_ARGS)
 
 # Skips the slow end-to-end runs (real frameworks, real processes); CI runs everything.
 test-fast: setup
@@ -59,4 +78,4 @@ bench-perf: setup
 	$(VENV)/bin/fedbalance bench perf-partition
 
 clean:
-	rm -rf $(VENV) .venv-stacks runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(FLOWER_VENV) .venv-stacks runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -126,13 +126,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def require_host(config: Any) -> None:
     """Stop before anything runs when fedbalance cannot serve the installed host version."""
+    if config.framework.startswith("flower"):
+        try:
+            import fl_adapters.flower  # noqa: F401 - the import checks flwr's version
+        except ImportError as e:  # flwr absent: say what to install, exit 2 like a bad version
+            raise HostNotSupported(str(e)) from e
+        return
     from fl_adapters.autoload import require_host as require
 
     require(config.framework.split("-")[0])  # fedlab-distributed -> fedlab, fedml-sp -> fedml
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fl_adapters.config import RunConfig
+    from fl_adapters.config import ConfigError, RunConfig
 
     config = RunConfig.load(args.config)
     require_host(config)
@@ -156,6 +162,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             config_path=Path(args.config),
             resume=args.resume,
         )
+    elif config.framework.startswith("flower"):
+        if args.resume:
+            raise ConfigError(f"--resume is not implemented for {config.framework} yet")
+        from fl_adapters.flower.runner import run_flower
+
+        summary = run_flower(config, out)
     else:
         from fl_adapters.fedml.runner import run_fedml
 
@@ -254,6 +266,7 @@ BENCHES = {
     "astraea": "fedbalance_benchmarks.astraea",
     "fedlab-overhead": "fedbalance_benchmarks.perf_fedlab_overhead",
     "fedml-overhead": "fedbalance_benchmarks.perf_fedml_overhead",
+    "flower-overhead": "fedbalance_benchmarks.perf_flower_overhead",
     "perf-aggregate": "fedbalance_benchmarks.perf_aggregate",
     "perf-partition": "fedbalance_benchmarks.perf_partition",
     "reliability": "fedbalance_benchmarks.reliability",

@@ -12,7 +12,17 @@ from typing import Any
 
 import yaml
 
-FRAMEWORKS = ("fedlab", "fedlab-distributed", "fedml-sp", "fedml-mpi", "fedml-cross-silo")
+FRAMEWORKS = (
+    "fedlab",
+    "fedlab-distributed",
+    "fedml-sp",
+    "fedml-mpi",
+    "fedml-cross-silo",
+    # Flower 1.41, in Flower's own environment: its simulation engine, or a deployment of
+    # flower-superlink + one flower-supernode per client on 127.0.0.1.
+    "flower",
+    "flower-deployment",
+)
 DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
 MODELS = ("thesis_cnn", "astraea_cnn")
 OPTIMIZERS = ("adam", "sgd")
@@ -106,6 +116,18 @@ class RunConfig:
             raise ConfigError(
                 f"eval_data: test is for the FedLab frameworks; {self.framework} reports FedML's own test metrics"
             )
+        if self.framework.startswith("flower"):
+            # Flower's strategy loop evaluates every round on the clients' test splits.
+            if self.eval_data != "clients":
+                raise ConfigError(
+                    f"eval_data must be clients for {self.framework} (Flower evaluates on the "
+                    f"clients' test splits); got {self.eval_data!r}"
+                )
+            if self.eval_every != 1:
+                raise ConfigError(
+                    f"eval_every must be 1 for {self.framework} (Flower evaluates every round); "
+                    f"got {self.eval_every!r}"
+                )
         if isinstance(self.partition, str):
             self.partition = {"name": self.partition}
         if not isinstance(self.partition, dict) or not isinstance(self.partition.get("name"), str):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -68,3 +69,57 @@ def watch(
         if bad:
             failed = f"{bad[0][0]} {exit_reason(bad[0][1])}"
     return failed
+
+
+def free_ports(n: int, ip: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports the kernel reports free on ``ip`` right now."""
+    socks = []
+    try:
+        for _ in range(n):  # held open together, so the n ports differ
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((ip, 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (Linux ``/proc``; empty elsewhere).
+
+    A host may start helpers in sessions of their own (Flower's SuperLink detaches its
+    ``flower-superexec``), out of reach of :func:`stop`'s process-group kill: list them
+    before stopping their ancestor, and stop whatever of them is still alive after.
+    """
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # The command name may hold spaces or parentheses: the fields start after the last ")".
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each of ``pids`` that is still alive (the ones already gone are skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

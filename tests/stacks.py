@@ -40,6 +40,9 @@ RECIPES: dict[str, list[str]] = {
     "core": [],
     "fedlab": ["fedlab==1.3.0"],
     "fedml": ["fedml==0.9.6", "setuptools<81", "numpy<2", "protobuf<4"],
+    # Flower's own environment for tests/flower (`make test-flower`): flwr needs protobuf>=5,
+    # FedML 0.9.6 protobuf<4, so it can never be the test environment itself.
+    "flower": ["flwr[simulation]>=1.41,<1.42"],
 }
 SHARED = ("torch", "torchvision")
 PIP = ["-m", "pip", "--disable-pip-version-check", "-q"]
@@ -90,8 +93,12 @@ def _link_distribution(dist: md.Distribution, site: Path) -> None:
             shutil.copy2(src, dst)
 
 
-def python_of(stack: str) -> Path:
-    return HOME / stack / "bin" / "python"
+def venv_of(stack: str, venv: Path | None = None) -> Path:
+    return venv if venv is not None else HOME / stack
+
+
+def python_of(stack: str, venv: Path | None = None) -> Path:
+    return venv_of(stack, venv) / "bin" / "python"
 
 
 def _site(venv: Path) -> Path:
@@ -116,12 +123,14 @@ def _stamp(stack: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def ensure(stack: str) -> Path:
-    """The stack's python, building the venv first if it is missing or out of date."""
-    HOME.mkdir(parents=True, exist_ok=True)
-    with open(HOME / f".{stack}.lock", "w") as lock:  # one builder at a time (pytest -n)
+def ensure(stack: str, venv: Path | None = None) -> Path:
+    """The stack's python, building the venv (at ``venv``, default ``HOME/stack``) first if it
+    is missing or out of date."""
+    where = venv_of(stack, venv)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{where}.lock", "w") as lock:  # one builder at a time (pytest -n)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _ensure(stack)
+        return _ensure(stack, where)
 
 
 def _satisfied_here(recipe: list[str]) -> tuple[str, ...]:
@@ -139,11 +148,10 @@ def _satisfied_here(recipe: list[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _ensure(stack: str) -> Path:
-    venv = HOME / stack
+def _ensure(stack: str, venv: Path) -> Path:
     stamp = venv / ".stack"
     if stamp.exists() and stamp.read_text() == _stamp(stack):
-        return python_of(stack)
+        return python_of(stack, venv)
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     site = _site(venv)
@@ -152,9 +160,9 @@ def _ensure(stack: str) -> Path:
         if _norm(dist.metadata["Name"]) not in own:
             _link_distribution(dist, site)
     if RECIPES[stack]:
-        subprocess.run([str(python_of(stack)), *PIP, "install", *RECIPES[stack]], check=True)
+        subprocess.run([str(python_of(stack, venv)), *PIP, "install", *RECIPES[stack]], check=True)
     stamp.write_text(_stamp(stack))
-    return python_of(stack)
+    return python_of(stack, venv)
 
 
 def install_wheel(stack: str, wheel: Path, extras: str = "") -> Path:
@@ -171,3 +179,13 @@ def install_wheel(stack: str, wheel: Path, extras: str = "") -> Path:
     target = f"{wheel}[{extras}]" if extras else str(wheel)
     subprocess.run([str(python), *PIP, "install", target], check=True)
     return python
+
+
+if __name__ == "__main__":  # `make setup-flower`: python tests/stacks.py flower .venv-flower
+    import argparse
+
+    cli = argparse.ArgumentParser(description="Build (or confirm) one stack's venv.")
+    cli.add_argument("stack", choices=sorted(RECIPES))
+    cli.add_argument("venv", nargs="?", type=Path, help="where (default: HOME/stack)")
+    ns = cli.parse_args()
+    print(ensure(ns.stack, ns.venv))

@@ -13,7 +13,7 @@ from fl_adapters.config import ConfigError, RunConfig
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("framework", "flower", "framework must be one of fedlab, fedlab-distributed"),
+        ("framework", "flwr", "framework must be one of fedlab, fedlab-distributed"),
         ("rounds", 0, "rounds must be an int >= 1, got 0"),
         ("rounds", 2.5, "rounds must be an int >= 1, got 2.5"),
         ("lr", -0.1, "lr must be a finite float > 0.0, got -0.1"),
@@ -31,6 +31,22 @@ from fl_adapters.config import ConfigError, RunConfig
 def test_bad_field_names_field_range_and_value(field: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         RunConfig.from_dict({field: value})
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("eval_every", 2, "eval_every must be 1 for flower (Flower evaluates every round); got 2"),
+        ("eval_data", "test", "eval_data must be clients for flower (Flower evaluates on the"),
+    ],
+    ids=["eval-every", "eval-data"],
+)
+def test_flower_evaluates_every_round_on_the_clients(
+    field: str, value: object, message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict({"framework": "flower", field: value})
     assert message in str(err.value)
 
 

@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Moved to the host-free module (the Flower runner uses it too); kept importable from here.
+from fl_adapters.processes import free_ports as free_ports
+
 log = logging.getLogger(__name__)
 
 HEADER = ("eid", "rank", "grpc_server_ip", "grpc_server_port")
@@ -68,20 +71,6 @@ def write_ipconfig(path: Path, ports: list[int], ip: str = "127.0.0.1") -> Path:
     lines = [",".join(HEADER)] + [f"{r},{r},{ip},{p}" for r, p in enumerate(ports)]
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def free_ports(n: int, ip: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports the kernel reports free on ``ip`` right now."""
-    socks = []
-    try:
-        for _ in range(n):  # held open together, so the n ports differ
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((ip, 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def port_problem(ip: str, port: int) -> str | None:

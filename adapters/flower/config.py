@@ -1,0 +1,81 @@
+"""What fedbalance reads from a Flower app's run config (``[tool.flwr.app.config]``).
+
+Flower run-config values are scalars (str, int, float, bool) and TOML has no null, while
+fedbalance aggregators take ``None`` for "unbounded" (``peer_clip=None`` is the thesis's
+FedLoss). So an aggregator's arguments travel as one JSON object in a string::
+
+    [tool.flwr.app.config]
+    aggregator = "fedloss"
+    aggregator-args = '{"loss_clip": 5.0, "peer_clip": null}'
+    seed = 0
+
+and can be overridden like any run-config key
+(``flwr run . --run-config "aggregator='fedloss_n'"``). Every error names the key, what is
+allowed and what was given; unknown aggregators and arguments are reported by the plugin
+registry, which lists the available names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fl_adapters.config import ConfigError
+
+AGGREGATOR_KEY = "aggregator"
+ARGS_KEY = "aggregator-args"
+SEED_KEY = "seed"
+#: The keys fedbalance owns in a Flower app's run config (others belong to the app).
+KEYS = (AGGREGATOR_KEY, ARGS_KEY, SEED_KEY)
+WHERE = "[tool.flwr.app.config]"
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """fedbalance's part of a Flower run config, validated.
+
+    Attributes
+    ----------
+    aggregator : a registered aggregator name (``fedbalance list``).
+    aggregator_args : keyword arguments for it.
+    seed : seeds the strategy's node sampling (and whatever the app derives from it).
+    """
+
+    aggregator: str = "fedavg"
+    aggregator_args: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+
+def parse_run_config(run_config: Mapping[str, Any]) -> AppConfig:
+    """fedbalance's keys of ``run_config`` (a Flower ``Context.run_config``), validated.
+
+    Raises
+    ------
+    ConfigError
+        A key with a value of the wrong type or form; the message names the key, what it
+        accepts and what it got.
+    """
+    name = run_config.get(AGGREGATOR_KEY, "fedavg")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(
+            f"{WHERE} {AGGREGATOR_KEY} must be a fedbalance aggregator name (see `fedbalance "
+            f"list`), got {name!r}"
+        )
+    raw = run_config.get(ARGS_KEY, "{}")
+    if not isinstance(raw, str):
+        raise ConfigError(
+            f"{WHERE} {ARGS_KEY} must be a JSON object in a string, e.g. "
+            f"'{{\"peer_clip\": null}}', got {raw!r} ({type(raw).__name__})"
+        )
+    try:
+        args = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{WHERE} {ARGS_KEY} is not valid JSON ({e}): {raw!r}") from e
+    if not isinstance(args, dict):
+        raise ConfigError(f"{WHERE} {ARGS_KEY} must be a JSON object, got {raw!r}")
+    seed = run_config.get(SEED_KEY, 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"{WHERE} {SEED_KEY} must be an int >= 0, got {seed!r}")
+    return AppConfig(aggregator=name.strip(), aggregator_args=args, seed=seed)

@@ -1,0 +1,100 @@
+"""What fedbalance's Flower clients reply with, and how the strategy reads it.
+
+A train reply's content holds one ``ArrayRecord`` (the trained model, a torch state dict) and
+one ``MetricRecord`` with ``num-examples`` (Flower's own key for FedAvg's weight), the
+client's ``val_loss`` when it has a validation split, and ``client-id`` (the node's
+``partition-id``, so the aggregation record names clients as FedLab and FedML do; Flower's
+node ids are random 64-bit numbers in the deployment engine).
+
+Flower carries metrics natively, so unlike FedLab (an extra tensor) and FedML (reserved keys in
+the params dict) nothing is smuggled: :func:`reply_to_update` only renames. A reply of the
+wrong form is not refused here; it becomes an update the aggregator rejects with its reason
+(wrong keys or shapes, a missing or non-finite metric, a bad sample count), so every host
+rejects the same things the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, cast
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+
+from fl_aggregators import ClientUpdate
+
+log = logging.getLogger(__name__)
+
+NUM_EXAMPLES = "num-examples"
+VAL_LOSS = "val_loss"
+CLIENT_ID = "client-id"
+ARRAYS = "arrays"
+METRICS = "metrics"
+#: A query message's config key saying what the server asks; ``identify``: the client's id.
+QUERY_KEY = "fedbalance-query"
+IDENTIFY = "identify"
+
+
+def to_state_dict(record: ArrayRecord) -> OrderedDict[str, torch.Tensor]:
+    """``record`` as a torch state dict of tensors that own their (writable) memory."""
+    # Flower's own to_torch_state_dict wraps read-only buffers (torch warns on each one), and
+    # the aggregators' output pools must never alias a message's bytes.
+    return OrderedDict((k, torch.from_numpy(np.array(v.numpy()))) for k, v in record.items())
+
+
+def to_array_record(params: Mapping[str, torch.Tensor]) -> ArrayRecord:
+    """A torch state dict as an ``ArrayRecord`` (copied into Flower's serialised arrays)."""
+    return ArrayRecord(
+        {k: Array(np.ascontiguousarray(v.detach().cpu().numpy())) for k, v in params.items()}
+    )
+
+
+def make_reply(
+    msg: Message,
+    params: Mapping[str, torch.Tensor],
+    num_examples: int,
+    val_loss: float | None,
+    client_id: int | None,
+    extra: Mapping[str, float] | None = None,
+) -> Message:
+    """The reply to train message ``msg``: the trained model and the metrics aggregators read."""
+    metrics: dict[str, Any] = {NUM_EXAMPLES: int(num_examples), **(extra or {})}
+    if val_loss is not None:
+        metrics[VAL_LOSS] = float(val_loss)
+    if client_id is not None:
+        metrics[CLIENT_ID] = int(client_id)
+    content = RecordDict({ARRAYS: to_array_record(params), METRICS: MetricRecord(metrics)})
+    return Message(content=content, reply_to=msg)
+
+
+def reply_to_update(msg: Message) -> ClientUpdate:
+    """One client's train reply as a fedbalance :class:`~fl_aggregators.ClientUpdate`.
+
+    The client is named by its reported ``client-id``, else by its Flower node id.
+    """
+    content = msg.content
+    arrays = list(content.array_records.values())
+    metric_records = list(content.metric_records.values())
+    node = msg.metadata.src_node_id
+    if len(arrays) != 1 or len(metric_records) != 1:
+        log.warning(
+            "node %s replied with %d ArrayRecord(s) and %d MetricRecord(s), not one of each",
+            node,
+            len(arrays),
+            len(metric_records),
+        )
+    # An empty params dict differs from the global model's keys: the aggregator rejects it.
+    params = to_state_dict(arrays[0]) if len(arrays) == 1 else OrderedDict()
+    metrics = dict(metric_records[0]) if len(metric_records) == 1 else {}
+    num_samples = metrics.pop(NUM_EXAMPLES, None)
+    client = metrics.pop(CLIENT_ID, None)
+    scalars = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+    return ClientUpdate(
+        params=params,
+        num_samples=cast(int, num_samples),  # whatever it is, the aggregator checks it
+        metrics=scalars,
+        client_id=client if isinstance(client, int) else node,
+    )

@@ -1,0 +1,322 @@
+"""``fedbalance run`` on Flower, and a Flower app in the deployment engine on this machine.
+
+:func:`run_flower` runs the bundled Flower app (``benchmarks/flower_app``) from a fedbalance
+:class:`~fl_adapters.config.RunConfig`: ``framework: flower`` in Flower's simulation engine,
+``framework: flower-deployment`` in a local deployment, each client one node holding its
+partition. It writes ``metrics.jsonl`` and ``summary.json`` as the other hosts do.
+
+:func:`run_deployment` starts ``flower-superlink`` and one ``flower-supernode`` per partition on
+127.0.0.1 (free ports, no TLS), submits the app with ``flwr run APP local-deployment --stream``
+and stops every process it started when the run ends, fails or overruns its deadline. The
+``flwr`` command line reads the SuperLink's address from ``$FLWR_HOME/config.toml``; the runner
+writes one in its own work directory, so the user's ``~/.flwr`` is never read or changed.
+
+Verified with flwr 1.41.0: the SuperLink serves the Fleet and Control APIs over HTTP on one
+``--port``; each SuperNode takes ``--superlink``, ``--node-config`` and its own ``--port``;
+runtime dependency installation (``uv sync`` of the app's dependencies) is turned off, since
+the app runs in the environment that started it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fl_adapters.config import ConfigError, RunConfig, RunFailed
+from fl_adapters.processes import descendants, exit_reason, free_ports, kill_all, stop
+
+log = logging.getLogger(__name__)
+
+IP = "127.0.0.1"
+FEDERATION = "local-deployment"
+
+
+class DeploymentFailed(RuntimeError):
+    """The deployment did not finish: a process died or the deadline passed."""
+
+
+@dataclass
+class Deployment:
+    """What a finished deployment run left: its ports, work directory and the streamed log."""
+
+    superlink_port: int
+    supernode_ports: list[int]
+    workdir: Path
+    log: str = ""
+    seconds: float = 0.0
+    logs: dict[str, Path] = field(default_factory=dict)
+
+
+def _bin(name: str) -> str:
+    """A Flower command of this interpreter's environment (the venv that has flwr)."""
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+def write_cli_config(home: Path, port: int) -> Path:
+    """``$FLWR_HOME/config.toml`` pointing the ``flwr`` CLI at the SuperLink on ``port``."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "config.toml"
+    path.write_text(
+        f'[superlink]\ndefault = "{FEDERATION}"\n\n'
+        f'[superlink.{FEDERATION}]\naddress = "{IP}:{port}"\ninsecure = true\n'
+    )
+    return path
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float, who: str) -> None:
+    """Until ``IP:port`` accepts connections; an error if ``proc`` dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((IP, port), timeout=1):
+                return
+        except OSError:
+            if proc.poll() is not None:
+                raise DeploymentFailed(f"{who} {exit_reason(proc.returncode)}") from None
+            if time.monotonic() > deadline:
+                raise DeploymentFailed(
+                    f"{who} did not listen on {IP}:{port} within {timeout:.0f} s"
+                ) from None
+            time.sleep(0.2)
+
+
+def run_deployment(
+    app_dir: str | os.PathLike[str],
+    workdir: str | os.PathLike[str],
+    *,
+    num_supernodes: int = 2,
+    run_config: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600.0,
+) -> Deployment:
+    """Run ``app_dir`` once in a fresh local deployment and stop all of it.
+
+    Parameters
+    ----------
+    app_dir : the Flower app (a folder with ``pyproject.toml``).
+    workdir : where ``FLWR_HOME`` and the processes' logs go.
+    num_supernodes : SuperNodes to start; node ``i`` gets ``partition-id=i`` and
+        ``num-partitions=num_supernodes``.
+    run_config : ``--run-config`` overrides, e.g. ``["aggregator='fedloss'"]``.
+    env : extra environment for every process (e.g. ``FEDBALANCE_RECORD``).
+    timeout : seconds for the whole run, start-up included.
+
+    Raises
+    ------
+    DeploymentFailed
+        A process died, ``flwr run`` failed, or the run overran ``timeout``; every process
+        has been stopped and the message names the first failure and where its log is.
+    """
+    work = Path(workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    port, *node_ports = free_ports(1 + num_supernodes, IP)
+    home = work / "flwr-home"
+    write_cli_config(home, port)
+    # Flower's processes start each other by name (the SuperLink runs `flower-superexec`, which
+    # runs `flwr-serverapp`): this environment's commands come first on PATH.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    environ = {**os.environ, "FLWR_HOME": str(home), **(env or {}), "PATH": path}
+    dep = Deployment(port, node_ports, work)
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    handles = []
+
+    def start(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        out = work / f"{name.replace(' ', '-')}.log"
+        dep.logs[name] = out
+        handle = open(out, "wb")  # noqa: SIM115 - closed in the finally below
+        handles.append(handle)
+        log.info("starting %s: %s", name, shlex.join(argv))
+        proc = subprocess.Popen(
+            argv, env=environ, cwd=work, stdout=handle, stderr=subprocess.STDOUT,
+            start_new_session=True,  # stop() kills the group: Flower's app subprocesses too
+        )  # fmt: skip
+        procs.append((name, proc))
+        return proc
+
+    started = time.monotonic()
+    deadline = started + timeout
+    try:
+        link = start(
+            "superlink",
+            [_bin("flower-superlink"), "--insecure", "--host", IP, "--port", str(port),
+             "--disable-runtime-dependency-installation"],
+        )  # fmt: skip
+        wait_for_port(port, link, min(60.0, timeout), "flower-superlink")
+        for i, node_port in enumerate(node_ports):
+            start(
+                f"supernode {i}",
+                [_bin("flower-supernode"), "--insecure", "--superlink", f"{IP}:{port}",
+                 "--node-config", f"partition-id={i} num-partitions={num_supernodes}",
+                 "--host", IP, "--port", str(node_port)],
+            )  # fmt: skip
+        argv = [_bin("flwr"), "run", str(Path(app_dir).resolve()), FEDERATION, "--stream"]
+        for override in run_config:
+            argv += ["--run-config", override]
+        cli = start("flwr run", argv)
+        while cli.poll() is None:
+            dead = [(n, p) for n, p in procs if p is not cli and p.poll() is not None]
+            if dead:
+                name, proc = dead[0]
+                raise DeploymentFailed(
+                    f"{name} {exit_reason(proc.returncode)} during the run (log: {dep.logs[name]})"
+                )
+            if time.monotonic() > deadline:
+                raise DeploymentFailed(
+                    f"the run did not finish within {timeout:.0f} s (logs in {work})"
+                )
+            time.sleep(0.2)
+        if cli.returncode != 0:
+            raise DeploymentFailed(
+                f"flwr run {exit_reason(cli.returncode)} (log: {dep.logs['flwr run']})"
+            )
+    finally:
+        # The SuperLink's flower-superexec (and the ServerApp under it) run in a session of
+        # their own; they exit when the SuperLink dies, but are listed to make sure.
+        helpers = [pid for _, proc in procs for pid in descendants(proc.pid)]
+        for _, proc in reversed(procs):
+            stop(proc)
+        kill_all(helpers)
+        for handle in handles:
+            handle.close()
+        dep.seconds = time.monotonic() - started
+    dep.log = dep.logs["flwr run"].read_text(errors="replace")
+    return dep
+
+
+# -- fedbalance run ----------------------------------------------------------------------------
+def app_dir() -> Path:
+    """The bundled Flower app (its ``pyproject.toml`` ships with the package)."""
+    import fedbalance_benchmarks.flower_app as app
+
+    return Path(app.__file__).resolve().parent
+
+
+def app_run_config(config: RunConfig, out_dir: Path) -> Path:
+    """``config`` as a TOML file of the app's run-config overrides (``--run-config FILE``).
+
+    A file, not ``key=value`` pairs: Flower splits those with a regular expression that
+    cannot hold a JSON value's quotes and spaces. A JSON string or number is valid TOML.
+    """
+    values: dict[str, Any] = {
+        "aggregator": config.aggregator,
+        "aggregator-args": json.dumps(config.aggregator_args),
+        "seed": config.seed,
+        "num-server-rounds": config.rounds,
+        "num-partitions": config.num_clients,
+        "clients-per-round": config.clients_per_round,
+        "dataset": config.dataset,
+        "data-dir": config.data_dir or "",
+        "split": json.dumps(config.split),
+        "partition": json.dumps(config.partition),
+        "model": config.model,
+        "local-epochs": config.local_epochs,
+        "batch-size": config.batch_size,
+        "optimizer": config.optimizer,
+        "lr": config.lr,
+        "max-samples": config.max_samples or 0,
+        "out-dir": str(out_dir / "app"),
+    }
+    path = out_dir / "run_config.toml"
+    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
+    return path
+
+
+def run_flower(config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600) -> dict[str, Any]:
+    """Run ``config`` on Flower; ``metrics.jsonl`` and ``summary.json`` in ``out_dir``."""
+    from fl_adapters.experiment import check
+
+    check(config)  # dataset, partition and aggregator arguments, before any process starts
+    from fl_adapters.flower.strategy import make_aggregator
+
+    make_aggregator(config.aggregator, config.aggregator_args, mediated=True)  # before any process
+    # Absolute: the ServerApp writes to it from Flower's own processes and working directory.
+    out_dir = out_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = out_dir / "aggregations.jsonl"
+    for stale in (record, out_dir / "metrics.jsonl", out_dir / "app" / "summary.json"):
+        stale.unlink(missing_ok=True)
+    env = {"FEDBALANCE_RECORD": str(record)}
+    overrides = str(app_run_config(config, out_dir))
+    if config.framework == "flower-deployment":
+        try:
+            run_deployment(
+                app_dir(),
+                out_dir / "deployment",
+                num_supernodes=config.num_clients,
+                run_config=[overrides],
+                env=env,
+                timeout=timeout,
+            )
+        except DeploymentFailed as e:
+            raise RunFailed(f"Flower deployment: {e}") from e
+    elif config.framework == "flower":
+        _simulate(config.num_clients, overrides, out_dir, env, timeout)
+    else:
+        raise ConfigError(f"framework must be flower or flower-deployment, got {config.framework}")
+    return collect(config, out_dir)
+
+
+def _simulate(
+    nodes: int, overrides: str, out_dir: Path, env: Mapping[str, str], timeout: float
+) -> None:
+    argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
+    argv += ["--num-supernodes", str(nodes), "--run-config", overrides]
+    log_path = out_dir / "flower-simulation.log"
+    with open(log_path, "wb") as handle:
+        proc = subprocess.Popen(
+            argv, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ray's processes with it
+        )  # fmt: skip
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            helpers = descendants(proc.pid)
+            stop(proc)
+            kill_all(helpers)
+    if proc.returncode != 0:
+        raise RunFailed(f"the Flower simulation {exit_reason(proc.returncode)} (log: {log_path})")
+
+
+def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
+    """Per-round rows from the aggregation record and the app's evaluation, and the summary.
+
+    ``test_accuracy`` is Flower's federated evaluation: every client's test split, averaged
+    by size -- the FedLab runner's ``eval_data: clients``.
+    """
+    record = out_dir / "aggregations.jsonl"
+    aggregations = [json.loads(x) for x in record.read_text().splitlines()]
+    app_summary = json.loads((out_dir / "app" / "summary.json").read_text())
+    evaluate = app_summary["evaluate"]
+    rows = []
+    for agg in aggregations:
+        row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")}
+        row["rejected"] = len(agg["rejected"])
+        metrics = evaluate.get(str(agg["round"]))
+        if metrics is not None:
+            row.update(test_accuracy=metrics["eval_acc"], test_loss=metrics["eval_loss"])
+        rows.append(row)
+    (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = [r for r in rows if "test_accuracy" in r]
+    best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
+    summary = {
+        "config": config.to_dict(),
+        "rounds": len(rows),
+        "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "best_accuracy": best["test_accuracy"] if best else None,
+        "best_round": best["round"] if best else None,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary

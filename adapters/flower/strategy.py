@@ -1,0 +1,318 @@
+"""A Flower message-API strategy that aggregates with any fedbalance aggregator.
+
+Flower 1.41's ``FedAvg(weighted_by_key="val_loss")`` is the thesis's unbounded FedLoss and
+nothing more. :class:`FedBalanceStrategy` keeps Flower's ``FedAvg`` for everything but the
+math -- messages, evaluation rounds, the ``start`` loop -- and hands each round's train
+replies to a fedbalance aggregator, so FedLoss, FedLoss-n, FedAvgM, FedMedian (and third-party
+plugins) weigh, reject and record exactly as they do on FedLab and FedML, with
+``host: flower`` in the aggregation record.
+
+Two departures from Flower's ``FedAvg``, both for reproducibility and robustness:
+
+* Node sampling uses the strategy's own ``random.Random(seed)`` (Flower's samples with the
+  global ``random``) over the nodes ordered by the client id each reports once
+  (:meth:`FedBalanceStrategy.identify`; Flower's node ids are random per run), so the same
+  seed samples the same clients -- FedLab standalone's ``random.Random(seed).sample(range(n),
+  k)`` draw -- and updates are summed in client order, so it gives the same model bit for bit.
+* A reply that is malformed (no ArrayRecord, keys or shapes of another model, missing or
+  non-finite ``val_loss``, a bad ``num-examples``) is rejected by the aggregator, with a
+  warning and a record entry, and the round goes on with the others; Flower's ``FedAvg``
+  raises ``InconsistentMessageReplies`` for the whole round instead. A round with no
+  acceptable reply keeps the global model.
+
+Astraea with mediators or rebalancing runs in
+:class:`~fl_adapters.flower.astraea.AstraeaStrategy`, a subclass. The ServerApp selects
+either with one call::
+
+    strategy = strategy_from_run_config(context.run_config)
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), ...)
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from fl_adapters.config import ConfigError
+from fl_adapters.flower.config import AGGREGATOR_KEY, ARGS_KEY, WHERE, parse_run_config
+from fl_adapters.flower.payload import (
+    CLIENT_ID,
+    IDENTIFY,
+    QUERY_KEY,
+    reply_to_update,
+    to_array_record,
+    to_state_dict,
+)
+from fl_aggregators import AggregationResult, Aggregator
+
+log = logging.getLogger(__name__)
+
+HOST = "flower"
+
+
+def make_aggregator(
+    aggregator: str | Aggregator, args: Mapping[str, Any] | None, *, mediated: bool = False
+) -> Aggregator:
+    """A registered aggregator by name (errors name the run-config key) or ``aggregator``.
+
+    An Astraea aggregator that trains mediators or rebalances is refused unless ``mediated``
+    (the caller is :class:`~fl_adapters.flower.astraea.AstraeaStrategy`).
+    """
+    if isinstance(aggregator, Aggregator):
+        return aggregator
+    from fl_adapters.registry import PluginError, get_registry
+
+    registry = get_registry()
+    try:
+        cls = registry.aggregator(aggregator)
+    except PluginError as e:
+        raise ConfigError(f"{WHERE} {AGGREGATOR_KEY}: {e}") from e
+    try:
+        agg: Aggregator = registry.make_aggregator(aggregator, **dict(args or {}))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{WHERE} {ARGS_KEY} for {cls.name!r}: {e}") from e
+    if needs_mediators(agg) and not mediated:
+        # Astraea trains mediator chains and rebalances client data; aggregating its replies
+        # as plain updates would be FedAvg under Astraea's name.
+        raise ConfigError(
+            f"{WHERE} {AGGREGATOR_KEY} = {cls.name!r} trains mediators and rebalances data: "
+            f"use AstraeaStrategy (strategy_from_run_config picks it), or "
+            f'{ARGS_KEY} = \'{{"mediators": false, "augment": false}}\' for its aggregation only'
+        )
+    return agg
+
+
+def needs_mediators(agg: Aggregator) -> bool:
+    """Whether ``agg`` is an Astraea that trains mediator chains or rebalances data."""
+    return bool(getattr(agg, "mediated", False)) and bool(
+        getattr(agg, "mediators", True) or getattr(agg, "augment", True)
+    )
+
+
+class FedBalanceStrategy(FedAvg):
+    """Flower's ``FedAvg`` with a fedbalance aggregator doing the aggregation.
+
+    Parameters
+    ----------
+    aggregator : a registered name (``"fedloss"``) or an :class:`~fl_aggregators.Aggregator`.
+    aggregator_args : keyword arguments for a named aggregator.
+    seed : seeds node sampling (see the module docstring).
+    on_round : called as ``on_round(strategy, result)`` after every aggregation.
+    **fedavg_kwargs : Flower ``FedAvg``'s own arguments (``fraction_train``,
+        ``min_train_nodes``, ``min_available_nodes``, ...). ``weighted_by_key`` only weighs
+        the *evaluation* metrics; training is weighed by the aggregator.
+    """
+
+    def __init__(
+        self,
+        aggregator: str | Aggregator = "fedavg",
+        *,
+        aggregator_args: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        on_round: Callable[[FedBalanceStrategy, AggregationResult], None] | None = None,
+        mediated: bool = False,
+        **fedavg_kwargs: Any,
+    ) -> None:
+        super().__init__(**fedavg_kwargs)
+        self.aggregator = make_aggregator(aggregator, aggregator_args, mediated=mediated)
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.on_round = on_round
+        self.host = HOST
+        self.last_result: AggregationResult | None = None
+        #: Node id -> the client id (partition-id) it reported, for reproducible sampling.
+        self.client_ids: dict[int, int] = {}
+        #: Nodes that could not say their client id.
+        self.unidentified: set[int] = set()
+        #: Seconds to wait for the nodes' answers to :meth:`identify`.
+        self.identify_timeout = 300.0
+        #: The global model the current round's clients started from (what a skipped round
+        #: keeps, and what FedAvgM's momentum and the update bounds are measured against).
+        self.global_params: dict[str, torch.Tensor] | None = None
+
+    def summary(self) -> None:
+        log.info("fedbalance aggregator: %r (host %s, seed %s)", self.aggregator, HOST, self.seed)
+        super().summary()
+
+    # -- sampling ---------------------------------------------------------------------------
+    def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
+        """Node ids for one round: ``max(fraction * connected, minimum)``, seeded.
+
+        Nodes are ordered by the client id they report (see :meth:`identify`): Flower's node
+        ids are random per run, so ordering by them would give the same seed other clients.
+        """
+        # sample_nodes waits until enough nodes are connected; asking it for 0 nodes means it
+        # draws nothing from the global RNG, and this strategy's RNG chooses.
+        _, connected = sample_nodes(grid, max(self.min_available_nodes, minimum), 0)
+        size = min(len(connected), max(int(len(connected) * fraction), minimum))
+        if size == len(connected):
+            return sorted(connected)  # everyone: no draw, so the RNG stream does not depend on it
+        if any(n not in self.client_ids and n not in self.unidentified for n in connected):
+            self.identify(grid, connected)
+        nodes = sorted(connected, key=self._order)
+        return sorted(self.rng.sample(nodes, size), key=self._order)
+
+    def _order(self, node: int) -> tuple[int, int]:
+        client = self.client_ids.get(node)
+        return (0, client) if client is not None else (1, node)
+
+    def identify(self, grid: Grid, nodes: Iterable[int]) -> None:
+        """Ask ``nodes`` for their client id (one ``query`` message each; see
+        :func:`fl_adapters.flower.trainer.identify_reply`). A node that cannot answer keeps
+        its place by node id, with a warning: sampling is then not reproducible across runs."""
+        record = RecordDict({self.configrecord_key: ConfigRecord({QUERY_KEY: IDENTIFY})})
+        asked = [n for n in nodes if n not in self.client_ids and n not in self.unidentified]
+        replies = grid.send_and_receive(
+            self._construct_messages(record, asked, MessageType.QUERY),
+            timeout=self.identify_timeout,
+        )
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            client = None
+            if not msg.has_error():
+                for metrics in msg.content.metric_records.values():
+                    client = metrics.get(CLIENT_ID)
+            if isinstance(client, int):
+                self.client_ids[node] = client
+            else:
+                self.unidentified.add(node)  # asked once: not again every round
+                log.warning(
+                    "node %s did not report its client id (%s); seeded sampling orders it by "
+                    "its random node id, so other runs may sample other clients",
+                    node,
+                    msg.error.reason if msg.has_error() else "no client-id",
+                )
+
+    def _configure(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        fraction: float,
+        minimum: int,
+        kind: str,
+    ) -> Iterable[Message]:
+        if fraction == 0.0:
+            return []
+        nodes = self.sample(grid, fraction, minimum)
+        log.info("%s round %s: sampled nodes %s", kind, server_round, nodes)
+        config["server-round"] = server_round
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return self._construct_messages(record, nodes, kind)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self.global_params = to_state_dict(arrays)
+        return self._configure(
+            server_round,
+            arrays,
+            config,
+            grid,
+            self.fraction_train,
+            self.min_train_nodes,
+            MessageType.TRAIN,
+        )
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self._configure(
+            server_round,
+            arrays,
+            config,
+            grid,
+            self.fraction_evaluate,
+            self.min_evaluate_nodes,
+            MessageType.EVALUATE,
+        )
+
+    # -- aggregation ------------------------------------------------------------------------
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The aggregator's result for this round's replies (``None`` arrays: model kept)."""
+        if self.global_params is None:
+            raise RuntimeError("aggregate_train before configure_train: no global model")
+        replies = list(replies)
+        for msg in replies:
+            if msg.has_error():
+                log.warning(
+                    "round %s: node %s replied with an error: %s",
+                    server_round,
+                    msg.metadata.src_node_id,
+                    msg.error.reason,
+                )
+        # Sorted by client: replies arrive in any order, and float sums in a fixed order make
+        # the same seed give the same model bit for bit, in simulation and deployment alike.
+        updates = sorted(
+            (reply_to_update(msg) for msg in replies if not msg.has_error()),
+            key=lambda u: (not isinstance(u.client_id, int), str(u.client_id).zfill(20)),
+        )
+        result = self.aggregator.aggregate(
+            self.global_params, updates, round=server_round, host=self.host
+        )
+        self.last_result = result
+        if self.on_round is not None:
+            self.on_round(self, result)
+        metrics = MetricRecord(
+            {
+                "fedbalance-accepted": len(updates) - len(result.rejected),
+                "fedbalance-rejected": len(result.rejected),
+                **weighted_metrics(updates, result.weights),
+            }
+        )
+        if result.skipped:
+            return None, metrics
+        return to_array_record(result.params), metrics
+
+
+def weighted_metrics(updates: list[Any], weights: list[float]) -> dict[str, float]:
+    """Accepted clients' scalar metrics, averaged with the weights the aggregator applied.
+
+    A metric only some clients report is averaged over those clients (weights renormalised).
+    """
+    sums: dict[str, float] = {}
+    mass: dict[str, float] = {}
+    for update, w in zip(updates, weights, strict=True):
+        if w <= 0:
+            continue
+        for key, value in update.metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                sums[key] = sums.get(key, 0.0) + w * float(value)
+                mass[key] = mass.get(key, 0.0) + w
+    return {key: total / mass[key] for key, total in sums.items()}
+
+
+def strategy_from_run_config(
+    run_config: Mapping[str, Any], **fedavg_kwargs: Any
+) -> FedBalanceStrategy:
+    """The strategy a Flower app's run config asks for (see :mod:`fl_adapters.flower.config`):
+    :class:`~fl_adapters.flower.astraea.AstraeaStrategy` for an Astraea with mediators or
+    rebalancing, :class:`FedBalanceStrategy` for every other aggregator.
+
+    Parameters
+    ----------
+    run_config : the ServerApp's ``context.run_config``.
+    **fedavg_kwargs : passed to Flower's ``FedAvg`` (sampling fractions, minimum nodes).
+
+    Examples
+    --------
+    >>> strategy = strategy_from_run_config({"aggregator": "fedloss"}, fraction_evaluate=0.0)
+    """
+    cfg = parse_run_config(run_config)
+    agg = make_aggregator(cfg.aggregator, cfg.aggregator_args, mediated=True)
+    if needs_mediators(agg):
+        from fl_adapters.flower.astraea import AstraeaStrategy
+
+        return AstraeaStrategy(agg, seed=cfg.seed, **fedavg_kwargs)
+    return FedBalanceStrategy(agg, seed=cfg.seed, **fedavg_kwargs)

@@ -1,0 +1,159 @@
+"""The ClientApp side: split off the validation data, train with the user's function, reply.
+
+FedLoss needs each client's loss on a held-out validation split after local training
+(Tagarakis 2023: 70 % train / 10 % validation / 20 % test of the client's data). FedLab's and
+FedML's trainers hold that split out themselves; on Flower the user's ClientApp calls
+:func:`train_reply`, which does the same around the user's own training function::
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        model = Net()
+        return train_reply(msg, context, model, my_dataset, my_train_fn)
+
+``data`` is either the client's whole dataset, split here with
+:func:`fl_partitions.partition.local_splits` (the split fedbalance partitions use, seeded by
+the run config's ``seed`` and the node's ``partition-id``), or a mapping with the ``"train"``
+and ``"val"`` datasets already split (e.g. a fedbalance :class:`~fl_partitions.Partition`'s
+``splits``, as FedLab's :class:`~fl_adapters.fedlab.PartitionedDataset` serves them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from numpy.typing import NDArray
+from torch import nn
+from torch.utils.data import Dataset, Subset
+
+from fl_adapters._training import evaluate, stream_seed
+from fl_adapters.flower.config import SEED_KEY
+from fl_adapters.flower.payload import (
+    CLIENT_ID,
+    METRICS,
+    NUM_EXAMPLES,
+    make_reply,
+    to_state_dict,
+)
+from fl_partitions.partition import DEFAULT_SPLIT, local_splits
+
+log = logging.getLogger(__name__)
+
+#: ``train_fn(model, train_data)`` trains ``model`` in place; it may return the number of
+#: samples it trained on (else ``len(train_data)`` is reported as ``num-examples``).
+TrainFn = Callable[[nn.Module, Dataset[Any]], Any]
+#: The Flower node config key that numbers a node's data partition (Flower's convention).
+PARTITION_ID = "partition-id"
+
+
+def local_split(
+    n: int, *, seed: int, split: Sequence[float] = DEFAULT_SPLIT
+) -> dict[str, NDArray[np.int64]]:
+    """Indices ``0..n-1`` split into ``train``/``val``/``test`` as fedbalance partitions are.
+
+    Parameters
+    ----------
+    n : the client's number of samples.
+    seed : the shuffle's seed (same seed, same split).
+    split : train, validation and test fractions (the thesis's 70/10/20 by default).
+    """
+    return local_splits([np.arange(n, dtype=np.int64)], split, seed)[0]
+
+
+def global_state(msg: Message) -> dict[str, Any]:
+    """The global model a train or evaluate message carries, as a torch state dict."""
+    records = list(msg.content.array_records.values())
+    if len(records) != 1:
+        raise ValueError(f"expected one ArrayRecord (the global model), got {len(records)}")
+    return to_state_dict(records[0])
+
+
+def partition_id(context: Context) -> int | None:
+    """The node's ``partition-id`` from its node config, if it has one."""
+    value = context.node_config.get(PARTITION_ID)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def client_splits(
+    context: Context,
+    data: Dataset[Any] | Mapping[str, Dataset[Any]],
+    split: Sequence[float] = DEFAULT_SPLIT,
+) -> Mapping[str, Dataset[Any]]:
+    """``data`` as ``{"train", "val", "test"}`` datasets (see the module docstring)."""
+    if isinstance(data, Mapping):
+        if "train" not in data:
+            raise ValueError(f"data must hold a 'train' dataset, got keys {sorted(data)}")
+        return data
+    seed = stream_seed("flower-split", context.run_config.get(SEED_KEY, 0), partition_id(context))
+    parts = local_split(len(data), seed=seed, split=split)  # type: ignore[arg-type]
+    return {name: Subset(data, ix.tolist()) for name, ix in parts.items()}
+
+
+def train_reply(
+    msg: Message,
+    context: Context,
+    model: nn.Module,
+    data: Dataset[Any] | Mapping[str, Dataset[Any]],
+    train_fn: TrainFn,
+    *,
+    split: Sequence[float] = DEFAULT_SPLIT,
+) -> Message:
+    """Train ``model`` from the message's global model and reply as fedbalance's strategy reads.
+
+    Parameters
+    ----------
+    msg, context : the ClientApp's train message and context.
+    model : a model of the global model's architecture (its weights are replaced).
+    data : the client's dataset, or its ``{"train", "val"}`` splits.
+    train_fn : the user's local training, ``train_fn(model, train_data)``.
+    split : train/validation/test fractions when ``data`` is one dataset.
+
+    Returns
+    -------
+    Message
+        The reply: the trained model and a ``MetricRecord`` with ``num-examples``,
+        ``val_loss`` (when the validation split is not empty) and ``client-id`` (the node's
+        ``partition-id``).
+    """
+    client = partition_id(context)
+    model.load_state_dict(global_state(msg))
+    parts = client_splits(context, data, split)
+    trained = train_fn(model, parts["train"])
+    n = int(trained) if isinstance(trained, int) else len(parts["train"])  # type: ignore[arg-type]
+    val = parts.get("val")
+    val_loss = None
+    if val is not None and len(val) > 0:  # type: ignore[arg-type]
+        val_loss = evaluate(model, val)[0]
+    else:
+        log.warning("client %s has an empty validation split; it reports no val_loss", client)
+    return make_reply(msg, model.state_dict(), n, val_loss, client)
+
+
+def evaluate_reply(
+    msg: Message,
+    context: Context,
+    model: nn.Module,
+    data: Dataset[Any] | Mapping[str, Dataset[Any]],
+    *,
+    split: Sequence[float] = DEFAULT_SPLIT,
+) -> Message:
+    """Loss and accuracy of the message's global model on the client's test split."""
+    model.load_state_dict(global_state(msg))
+    test = client_splits(context, data, split).get("test")
+    loss, acc, n = evaluate(model, test) if test is not None else (float("nan"), 0.0, 0)
+    metrics = MetricRecord({NUM_EXAMPLES: n, "eval_loss": loss, "eval_acc": acc})
+    return Message(content=RecordDict({METRICS: metrics}), reply_to=msg)
+
+
+def identify_reply(msg: Message, context: Context) -> Message:
+    """The reply to the strategy's ``identify`` query: this node's ``partition-id``.
+
+    Register it in the ClientApp (``@app.query()``) so that a run sampling fewer clients than
+    it has nodes samples the same clients for the same seed (Flower's node ids are random).
+    """
+    client = partition_id(context)
+    metrics = MetricRecord({} if client is None else {CLIENT_ID: client})
+    return Message(content=RecordDict({METRICS: metrics}), reply_to=msg)

@@ -1,0 +1,67 @@
+"""The app's ServerApp: one fedbalance call picks the strategy from the run config."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result
+
+from fedbalance_benchmarks.flower_app.task import CLIENT_KEYS, model_of, run_config_of
+from fl_adapters.flower.payload import to_array_record, to_state_dict
+from fl_adapters.flower.strategy import strategy_from_run_config
+
+log = logging.getLogger(__name__)
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run(grid, context.run_config)
+
+
+def run(grid: Grid, run_config: Mapping[str, Any]) -> Result:
+    """Train ``num-server-rounds`` rounds on every node; write the outcome to ``out-dir``."""
+    torch.set_num_threads(1)
+    cfg = run_config_of(run_config)  # validate the app's keys before any node gets work
+    nodes, per_round = cfg.num_clients, cfg.clients_per_round
+    strategy = strategy_from_run_config(
+        run_config,
+        fraction_train=per_round / nodes,
+        min_train_nodes=per_round,  # the seeded sampler takes max(fraction * nodes, this)
+        min_available_nodes=nodes,
+        min_evaluate_nodes=nodes,
+    )
+    torch.manual_seed(int(run_config["seed"]))  # the initial model, as the other hosts seed it
+    model = model_of(run_config)
+    client_config = {k: run_config[k] for k in CLIENT_KEYS}
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=to_array_record(model.state_dict()),
+        num_rounds=int(run_config["num-server-rounds"]),
+        train_config=ConfigRecord(dict(client_config)),
+        evaluate_config=ConfigRecord(dict(client_config)),
+    )
+    out = str(run_config.get("out-dir", ""))
+    if out:
+        write_outcome(Path(out), result)
+    return result
+
+
+def write_outcome(out: Path, result: Result) -> None:
+    """``final.pt`` (the global model's state dict) and ``summary.json`` (per-round metrics)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if result.arrays is not None:
+        torch.save(to_state_dict(result.arrays), out / "final.pt")
+    summary = {
+        "train": {r: dict(m) for r, m in result.train_metrics_clientapp.items()},
+        "evaluate": {r: dict(m) for r, m in result.evaluate_metrics_clientapp.items()},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    log.info("wrote %s", out)

@@ -1,0 +1,56 @@
+"""Run the app in Flower's simulation engine, with the run config ``flwr run`` would pass.
+
+``flwr.simulation.run_simulation`` hands the apps an empty run config; this fuses the app's
+``[tool.flwr.app.config]`` with ``--run-config`` overrides using Flower's own functions (as
+``flwr run`` does) and gives the result to the ServerApp::
+
+    python -m fedbalance_benchmarks.flower_app.simulate --num-supernodes 2 \\
+        --run-config "aggregator='fedloss' num-server-rounds=2 out-dir='/tmp/sim'"
+
+``flwr run APP local-simulation`` would start a detached local SuperLink that outlives the
+command; this keeps the whole run in one process tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.common.config import get_fused_config_from_dir, parse_config_args
+from flwr.serverapp import Grid, ServerApp
+from flwr.simulation import run_simulation
+
+from fedbalance_benchmarks.flower_app import client_app, server_app
+
+APP_DIR = Path(__file__).resolve().parent
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("--num-supernodes", type=int, default=2)
+    cli.add_argument("--run-config", action="append", default=[], help="key=value ... (TOML)")
+    args = cli.parse_args(argv)
+    run_config = get_fused_config_from_dir(APP_DIR, parse_config_args(args.run_config))
+    if int(run_config["num-partitions"]) != args.num_supernodes:
+        cli.error(
+            f"num-partitions ({run_config['num-partitions']}) must equal --num-supernodes "
+            f"({args.num_supernodes}): each supernode holds one partition"
+        )
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        server_app.run(grid, run_config)
+
+    run_simulation(
+        server_app=app,
+        client_app=client_app.app,
+        num_supernodes=args.num_supernodes,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+
+
+if __name__ == "__main__":
+    main()
