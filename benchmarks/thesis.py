@@ -36,6 +36,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "mixed": {"name": "mixed"},
 }
 AGGREGATORS = ("fedavg", "fedavgm", "fedmedian", "fedloss", "fedloss_n")
+HOST_LABELS = {
+    "fedlab": "FedLab standalone",
+    "fedml-sp": "FedML sp simulation",
+    "flower": "Flower 1.41 simulation engine",
+}
 FULL = dict(num_clients=30, clients_per_round=5, rounds=50, local_epochs=10)
 QUICK = dict(num_clients=10, clients_per_round=3, rounds=5, local_epochs=1, max_samples=6000)
 #: The thesis's rule: FedLoss weights exactly l_i / sum l among losses within 5x the median.
@@ -87,6 +92,10 @@ def _run_one(cfg: dict[str, Any], out_dir: str, hook: Any = None) -> dict[str, A
         from fl_adapters.fedml.runner import run_fedml
 
         return run_fedml(config, Path(out_dir))
+    if config.framework == "flower":  # in Flower's environment (.venv-flower)
+        from fl_adapters.flower.runner import run_flower
+
+        return run_flower(config, Path(out_dir))
     if config.framework == "fedlab-distributed":  # a server and 2 client processes, 1 thread each
         import dataclasses
 
@@ -184,6 +193,49 @@ def mean_std(values: list[float]) -> str:
     return f"{100 * statistics.mean(values):.2f} ± {100 * sd:.2f}"
 
 
+#: What must match for committed grids of other hosts to stand beside this one.
+SAME_SETTINGS = ("dataset", "num_clients", "clients_per_round", "rounds", "local_epochs", "seeds")
+
+
+def committed_hosts_table(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+    """Best accuracy per host from the committed grids (``results/thesis_*.json``) of the same
+    settings, beside this run's: how a host that cannot share an environment with the others
+    (Flower) compares without their per-run directories."""
+    from fl_adapters._table import markdown_table
+
+    hosts: dict[str, list[dict[str, Any]]] = {}
+    for framework in HOST_LABELS:
+        if framework == opts["framework"]:
+            hosts[framework] = curves
+            continue
+        suffix = "" if framework == "fedlab" else f"_{framework}"
+        path = RESULTS / f"thesis_{opts['dataset']}{suffix}.json"
+        if not path.exists():
+            continue
+        doc = json.loads(path.read_text())
+        if all(doc["options"].get(k) == opts.get(k) for k in SAME_SETTINGS):
+            hosts[framework] = doc["runs"]
+    if len(hosts) < 2:
+        return ""
+    rows = []
+    for scenario in opts["scenarios"]:
+        for agg in opts["aggregators"]:
+            row = [scenario, agg]
+            for runs in hosts.values():
+                best = [
+                    max(c["accuracy"])
+                    for c in runs
+                    if c["scenario"] == scenario and c["aggregator"] == agg
+                ]
+                row.append(mean_std(best) if len(best) == opts["seeds"] else "-")
+            rows.append(row)
+    head = ["scenario", "aggregator", *[f"{HOST_LABELS[h]} best %" for h in hosts]]
+    return (
+        "Beside the committed grids of the other hosts (same partitions, seeds and settings; "
+        "each host's own training loop):\n\n" + markdown_table(head, rows)
+    )
+
+
 def tables(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
     from fl_adapters._table import markdown_table
 
@@ -257,14 +309,16 @@ def host_comparison(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
             )
     if not rows:
         return ""
-    return "FedLab standalone vs FedML sp, same partitions, seeds and settings:\n\n" + (
+    host = {"fedml-sp": "FedML sp", "flower": "Flower"}[opts["framework"]]
+    short = host.split()[0]
+    return f"FedLab standalone vs {host}, same partitions, seeds and settings:\n\n" + (
         markdown_table(
             [
                 "scenario",
                 "aggregator",
                 "FedLab best %",
-                "FedML best %",
-                "FedML - FedLab",
+                f"{short} best %",
+                f"{short} - FedLab",
                 "max std",
             ],
             rows,
@@ -325,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--framework",
         default="fedlab",
-        choices=["fedlab", "fedml-sp"],
-        help="host: FedLab's standalone pipeline or FedML's sp simulation",
+        choices=["fedlab", "fedml-sp", "flower"],
+        help="host: FedLab's standalone pipeline, FedML's sp simulation or Flower's simulation"
+        " engine (run from Flower's environment)",
     )
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS))
@@ -377,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     command = "fedbalance bench thesis " + " ".join(argv if argv is not None else sys.argv[1:])
     header = (
-        f"# FedLoss thesis benchmark on {a.dataset} ({'FedLab standalone' if a.framework == 'fedlab' else 'FedML sp simulation'})\n\n"
+        f"# FedLoss thesis benchmark on {a.dataset} ({HOST_LABELS[a.framework]})\n\n"
         f"{opts['num_clients']} clients, {opts['clients_per_round']} per round, {opts['rounds']} rounds,"
         f" Adam lr 1e-3, batch 64, thesis CNN, seeds 0..{opts['seeds'] - 1}; accuracy (%) of the global"
         f" model on all clients' test splits, mean ± std over seeds. fedloss and fedloss_n run"
@@ -389,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.framework != "fedlab":
         comparison = host_comparison(curves, opts)
         text += comparison + "\n\n" if comparison else ""
+        committed = committed_hosts_table(curves, opts)
+        text += committed + "\n\n" if committed else ""
     text += tables(curves, opts) + "\n"
     (out_dir / f"{stem}.md").write_text(text)
     (out_dir / f"{stem}.json").write_text(

@@ -83,3 +83,18 @@ def test_resume_is_refused_on_flower(tmp_path: Path) -> None:
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(CONFIG))
     out = fedbalance("run", "run.yaml", "--out", "out", "--resume", cwd=tmp_path)
     assert out.returncode == 2 and "--resume is not implemented for flower yet" in out.stderr
+
+
+def test_thesis_grid_on_flower_stands_beside_the_committed_hosts() -> None:
+    """The Flower row joins the committed FedLab and FedML grids when the settings match."""
+    from fedbalance_benchmarks import thesis
+
+    fedml = json.loads((thesis.RESULTS / "thesis_fmnist_fedml-sp.json").read_text())
+    opts = {**fedml["options"], "framework": "flower"}
+    flower = [{**c, "accuracy": [0.5, 0.9]} for c in fedml["runs"]]  # a stand-in Flower grid
+    table = thesis.committed_hosts_table(flower, opts)
+    header, _, *rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert "FedLab standalone best %" in header and "FedML sp simulation best %" in header
+    assert "Flower 1.41 simulation engine best %" in header
+    assert rows[0].split("|")[1].strip() == "mixed" and "90.00 ± 0.00" in rows[0]
+    assert thesis.committed_hosts_table(flower, {**opts, "rounds": 7}) == ""  # other settings
