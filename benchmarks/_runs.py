@@ -29,6 +29,10 @@ def run_one(cfg: dict[str, Any], out_dir: str, hook: Any = None) -> dict[str, An
         from fl_adapters.fedml.runner import run_fedml
 
         return run_fedml(config, Path(out_dir))
+    if config.framework == "flower":  # in Flower's environment (.venv-flower)
+        from fl_adapters.flower.runner import run_flower
+
+        return run_flower(config, Path(out_dir))
     if config.framework == "fedlab-distributed":  # a server and 2 client processes, 1 thread each
         import dataclasses
 

@@ -42,6 +42,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "feature": {"name": "feature_noise", "sigma": 0.1},
     "mixed": {"name": "mixed"},
 }
+#: The hosts a grid runs on, as the reports name them.
+HOST_LABELS = {
+    "fedlab": "FedLab standalone",
+    "fedml-sp": "FedML sp simulation",
+    "flower": "Flower 1.41 simulation engine",
+}
 FULL = dict(num_clients=30, clients_per_round=5, rounds=50, local_epochs=10)
 QUICK = dict(num_clients=10, clients_per_round=3, rounds=5, local_epochs=1, max_samples=6000)
 #: The grid's entries: name -> (aggregator, arguments). ``fedloss`` is the thesis's rule:
@@ -268,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--framework",
         default="fedlab",
-        choices=["fedlab", "fedml-sp"],
-        help="host: FedLab's standalone pipeline or FedML's sp simulation",
+        choices=list(HOST_LABELS),
+        help="host: FedLab's standalone pipeline, FedML's sp simulation or Flower's simulation"
+        " engine (run from Flower's environment)",
     )
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS))

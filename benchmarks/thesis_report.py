@@ -8,8 +8,55 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fedbalance_benchmarks._runs import mean_std
-from fedbalance_benchmarks.thesis import SCENARIOS, load_record, run_config, stem_of
+from fedbalance_benchmarks._runs import RESULTS, mean_std
+from fedbalance_benchmarks.thesis import (
+    HOST_LABELS,
+    SCENARIOS,
+    load_record,
+    run_config,
+    stem_of,
+)
+
+#: What must match for committed grids of other hosts to stand beside this one.
+SAME_SETTINGS = ("dataset", "num_clients", "clients_per_round", "rounds", "local_epochs", "seeds")
+
+
+def committed_hosts_table(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+    """Best accuracy per host from the committed grids (``results/thesis_*.json``) of the same
+    settings, beside this run's: how a host that cannot share an environment with the others
+    (Flower) compares without their per-run directories."""
+    from fl_adapters._table import markdown_table
+
+    hosts: dict[str, list[dict[str, Any]]] = {}
+    for framework in HOST_LABELS:
+        if framework == opts["framework"]:
+            hosts[framework] = curves
+            continue
+        path = RESULTS / f"{stem_of(opts, framework=framework)}.json"
+        if not path.exists():
+            continue
+        doc = json.loads(path.read_text())
+        if all(doc["options"].get(k) == opts.get(k) for k in SAME_SETTINGS):
+            hosts[framework] = doc["runs"]
+    if len(hosts) < 2:
+        return ""
+    rows = []
+    for scenario in opts["scenarios"]:
+        for agg in opts["aggregators"]:
+            row = [scenario, agg]
+            for runs in hosts.values():
+                best = [
+                    max(c["accuracy"])
+                    for c in runs
+                    if c["scenario"] == scenario and c["aggregator"] == agg
+                ]
+                row.append(mean_std(best) if len(best) == opts["seeds"] else "-")
+            rows.append(row)
+    head = ["scenario", "aggregator", *[f"{HOST_LABELS[h]} best %" for h in hosts]]
+    return (
+        "Beside the committed grids of the other hosts (same partitions, seeds and settings; "
+        "each host's own training loop):\n\n" + markdown_table(head, rows)
+    )
 
 
 def tables(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
@@ -90,14 +137,16 @@ def host_comparison(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
             )
     if not rows:
         return ""
-    return "FedLab standalone vs FedML sp, same partitions, seeds and settings:\n\n" + (
+    host = {"fedml-sp": "FedML sp", "flower": "Flower"}[opts["framework"]]
+    short = host.split()[0]
+    return f"FedLab standalone vs {host}, same partitions, seeds and settings:\n\n" + (
         markdown_table(
             [
                 "scenario",
                 "aggregator",
                 "FedLab best %",
-                "FedML best %",
-                "FedML - FedLab",
+                f"{short} best %",
+                f"{short} - FedLab",
                 "max std",
             ],
             rows,
@@ -144,11 +193,7 @@ def plots(
 
 def header(curves: list[dict[str, Any]], opts: dict[str, Any], command: str) -> str:
     """What ran, how it is summarised, what is missing, and the command that regenerates it."""
-    host = (
-        "FedLab standalone"
-        if opts.get("framework", "fedlab") == "fedlab"
-        else "FedML sp simulation"
-    )
+    host = HOST_LABELS[opts.get("framework", "fedlab")]
     total = len(opts["scenarios"]) * len(opts["aggregators"]) * opts["seeds"]
     note = (
         ""
@@ -184,6 +229,8 @@ def write_report(
     if opts.get("framework", "fedlab") != "fedlab":
         comparison = host_comparison(curves, opts)
         text += comparison + "\n\n" if comparison else ""
+        committed = committed_hosts_table(curves, opts)
+        text += committed + "\n\n" if committed else ""
     if opts["rounds"] >= 50 and not opts["quick"] and opts.get("framework", "fedlab") == "fedlab":
         from fedbalance_benchmarks.thesis_claims import report as claims_report
 

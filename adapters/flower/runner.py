@@ -236,6 +236,7 @@ def run_flower(config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600) 
     """Run ``config`` on Flower; ``metrics.jsonl`` and ``summary.json`` in ``out_dir``."""
     from fl_adapters.experiment import check
 
+    started = time.monotonic()
     check(config)  # dataset, partition and aggregator arguments, before any process starts
     from fl_adapters.flower.strategy import make_aggregator
 
@@ -264,7 +265,7 @@ def run_flower(config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600) 
         _simulate(config.num_clients, overrides, out_dir, env, timeout)
     else:
         raise ConfigError(f"framework must be flower or flower-deployment, got {config.framework}")
-    return collect(config, out_dir)
+    return collect(config, out_dir, elapsed_s=time.monotonic() - started)
 
 
 def _simulate(
@@ -290,11 +291,13 @@ def _simulate(
         raise RunFailed(f"the Flower simulation {exit_reason(proc.returncode)} (log: {log_path})")
 
 
-def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
+def collect(config: RunConfig, out_dir: Path, elapsed_s: float | None = None) -> dict[str, Any]:
     """Per-round rows from the aggregation record and the app's evaluation, and the summary.
 
     ``test_accuracy`` is Flower's federated evaluation: every client's test split, averaged
-    by size -- the FedLab runner's ``eval_data: clients``.
+    by size -- the FedLab runner's ``eval_data: clients``. Astraea rounds add ``mediators``
+    and ``mediator_kl``, as the FedLab and FedML rows do; the summary adds the run's wall time
+    (``elapsed_s``, Flower's start-up included).
     """
     record = out_dir / "aggregations.jsonl"
     aggregations = [json.loads(x) for x in record.read_text().splitlines()]
@@ -304,6 +307,8 @@ def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
     for agg in aggregations:
         row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")}
         row["rejected"] = len(agg["rejected"])
+        if "mediators" in agg:
+            row.update(mediators=agg["mediators"], mediator_kl=agg["kl"])
         metrics = evaluate.get(str(agg["round"]))
         if metrics is not None:
             row.update(test_accuracy=metrics["eval_acc"], test_loss=metrics["eval_loss"])
@@ -318,5 +323,7 @@ def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
         "best_accuracy": best["test_accuracy"] if best else None,
         "best_round": best["round"] if best else None,
     }
+    if elapsed_s is not None:
+        summary["elapsed_s"] = round(elapsed_s, 3)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -115,7 +115,8 @@ def test_deployment_runs_mediator_chains_across_supernodes(tmp_path: Path) -> No
         [*argv, "--no-progress"], cwd=work, env=env, capture_output=True, text=True, timeout=400
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    record = (work / "out" / "aggregations.jsonl").read_text().splitlines()
-    check_rounds([json.loads(x) for x in record], config)
+    lines = (work / "out" / "aggregations.jsonl").read_text().splitlines()
+    record = [json.loads(x) for x in lines]
+    check_rounds(record, config)
     rows = [json.loads(x) for x in (work / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["test_accuracy"] > 0
+    assert rows[0]["test_accuracy"] > 0 and rows[0]["mediators"] == record[0]["mediators"]

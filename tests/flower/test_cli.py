@@ -51,7 +51,7 @@ def test_fedbalance_run_on_flower_writes_metrics_and_summary(tmp_path: Path) -> 
         assert 0.0 <= row["test_accuracy"] <= 1.0 and row["test_loss"] > 0
     summary = json.loads((tmp_path / "out/summary.json").read_text())
     assert summary["rounds"] == 1 and summary["config"]["framework"] == "flower"
-    assert summary["final_accuracy"] == rows[-1]["test_accuracy"]
+    assert summary["final_accuracy"] == rows[-1]["test_accuracy"] and summary["elapsed_s"] > 0
     record = [json.loads(x) for x in (tmp_path / "out/aggregations.jsonl").read_text().splitlines()]
     assert {e["host"] for e in record} == {"flower"}
     # Seeded sampling: the clients drawn are the run's, not the global RNG's.
@@ -83,3 +83,20 @@ def test_resume_is_refused_on_flower(tmp_path: Path) -> None:
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(CONFIG))
     out = fedbalance("run", "run.yaml", "--out", "out", "--resume", cwd=tmp_path)
     assert out.returncode == 2 and "--resume is not implemented for flower yet" in out.stderr
+
+
+def test_thesis_grid_on_flower_stands_beside_the_committed_hosts() -> None:
+    """The Flower row joins the committed FedLab and FedML grids when the settings match."""
+    from fedbalance_benchmarks import thesis, thesis_report
+
+    fedml = json.loads((thesis.RESULTS / "thesis_fmnist_fedml-sp.json").read_text())
+    opts = {**fedml["options"], "framework": "flower"}
+    flower = [{**c, "accuracy": [0.5, 0.9]} for c in fedml["runs"]]  # a stand-in Flower grid
+    table = thesis_report.committed_hosts_table(flower, opts)
+    header, _, *rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert "FedLab standalone best %" in header and "FedML sp simulation best %" in header
+    assert "Flower 1.41 simulation engine best %" in header
+    assert rows[0].split("|")[1].strip() == "mixed" and "90.00 ± 0.00" in rows[0]
+    assert (
+        thesis_report.committed_hosts_table(flower, {**opts, "rounds": 7}) == ""
+    )  # other settings
