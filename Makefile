@@ -55,8 +55,18 @@ lint: setup
 	$(PY) -m ruff format --check fl_aggregators fl_partitions adapters benchmarks tests
 	$(PY) -m mypy
 
-test: lint test-flower
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
+# The main suite and the Flower suite run side by side: most of both is waiting on the processes
+# they start (FedML ranks, SuperLink and SuperNodes, Ray), so together they finish sooner than one
+# after the other. The Flower suite's output goes to .flower-tests.log, shown when both are done;
+# the target fails if either does.
+test: lint setup-flower
+	@rm -f .flower-tests.rc; \
+	( $(MAKE) --no-print-directory test-flower > .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS); main=$$?; \
+	wait; echo "---- Flower suite (in $(FLOWER_VENV); log: .flower-tests.log) ----"; \
+	cat .flower-tests.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \
+	echo "make test: main suite exit $$main, Flower suite exit $$flower"; \
+	[ $$main -eq 0 ] && [ $$flower -eq 0 ]
 
 # The Flower tests, in Flower's environment (the main suite skips tests/flower: no flwr there).
 # One process: the module-scoped runs are shared by their tests, and xdist would set them up
