@@ -37,7 +37,7 @@ def run_one(cfg: dict[str, Any], out_dir: str, hook: Any = None) -> dict[str, An
         import dataclasses
 
         from fl_adapters.fedlab.runner import run_distributed
-        from fl_adapters.fedml.ipconfig import free_ports
+        from fl_adapters.processes import free_ports
 
         # Parallel workers' runs must not share FedLab's default port.
         config = dataclasses.replace(config, port=free_ports(1)[0])
