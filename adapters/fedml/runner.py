@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,7 @@ def command(config: RunConfig, cfg_path: Path) -> list[str]:
 def run_fedml(
     config: RunConfig, out_dir: Path, timeout: float = 3600, resume: bool = False
 ) -> dict[str, Any]:
+    started = time.monotonic()
     grpc = config.backend == "grpc"
     if grpc:
         from fl_adapters.fedml.ipconfig import require_grpcio
@@ -164,7 +166,7 @@ def run_fedml(
         # Every rank on this machine: one torch thread each unless the user says otherwise
         # (FedLab's cross-process launcher does the same).
         run_grpc(config, out_dir, cfg_path, {"OMP_NUM_THREADS": "1"} | env, timeout)
-        return collect(config, out_dir)
+        return collect(config, out_dir, elapsed_s=time.monotonic() - started)
     with open(out_dir / "fedml.log", "w") as log:
         try:
             proc = subprocess.run(
@@ -186,7 +188,7 @@ def run_fedml(
             f"FedML exited with code {proc.returncode}{f' ({dead})' if dead else ''} after "
             f"{progress(config, record)}; see {out_dir}/fedml.log{resume_hint(out_dir)}"
         )
-    return collect(config, out_dir)
+    return collect(config, out_dir, elapsed_s=time.monotonic() - started)
 
 
 def mpi_casualty(log: str) -> str | None:
@@ -313,8 +315,9 @@ def collect_rows(config: RunConfig, out_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
-    """``metrics.jsonl`` and ``summary.json`` from the recorder and FedML's log."""
+def collect(config: RunConfig, out_dir: Path, elapsed_s: float | None = None) -> dict[str, Any]:
+    """``metrics.jsonl`` and ``summary.json`` from the recorder and FedML's log (and the run's
+    wall time, ``elapsed_s``, as the other hosts write it)."""
     rows = collect_rows(config, out_dir)
     (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     evals = [r for r in rows if "test_accuracy" in r]
@@ -326,5 +329,7 @@ def collect(config: RunConfig, out_dir: Path) -> dict[str, Any]:
         "best_accuracy": best["test_accuracy"] if best else None,
         "best_round": best["round"] if best else None,
     }
+    if elapsed_s is not None:
+        summary["elapsed_s"] = round(elapsed_s, 3)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
