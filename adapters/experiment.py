@@ -67,3 +67,23 @@ def check(config: RunConfig) -> dict[str, Any]:
         "clients": config.num_clients,
         "client_sizes": {"min": min(sizes), "max": max(sizes)},
     }
+
+
+def run_summary(
+    config: RunConfig, rows: list[dict[str, Any]], elapsed_s: float | None = None
+) -> dict[str, Any]:
+    """What every host's ``summary.json`` holds: the config, the rounds run, the final and the
+    best accuracy over the evaluated rounds (``rows`` are ``metrics.jsonl``'s), and the wall
+    time when the host measured it. A host adds its own fields after these."""
+    evals = [r for r in rows if "test_accuracy" in r]
+    best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
+    summary: dict[str, Any] = {
+        "config": config.to_dict(),
+        "rounds": len(rows),
+        "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "best_accuracy": best["test_accuracy"] if best else None,
+        "best_round": best["round"] if best else None,
+    }
+    if elapsed_s is not None:
+        summary["elapsed_s"] = round(elapsed_s, 3)
+    return summary

@@ -29,7 +29,7 @@ from fl_adapters._training import evaluate
 from fl_adapters.checkpoint import NAME as CHECKPOINT
 from fl_adapters.checkpoint import Checkpoint, CheckpointError, restore_sampler, sampler_state
 from fl_adapters.config import RunConfig, RunFailed
-from fl_adapters.experiment import is_mediated, training_data
+from fl_adapters.experiment import is_mediated, run_summary, training_data
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
@@ -189,18 +189,9 @@ class MetricsWriter:
     def summary(self) -> dict[str, Any]:
         if self.bar is not None:
             self.bar.close()
-        evals = [r for r in self.rows if "test_accuracy" in r]
-        best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
-        doc = {
-            "config": self.exp.config.to_dict(),
-            "rounds": len(self.rows),
-            "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
-            "best_accuracy": best["test_accuracy"] if best else None,
-            "best_round": best["round"] if best else None,
-            "bytes_up": sum(r["bytes_up"] for r in self.rows),
-            "bytes_down": sum(r["bytes_down"] for r in self.rows),
-            "elapsed_s": round(time.perf_counter() - self.started, 3),
-        }
+        doc = run_summary(self.exp.config, self.rows, time.perf_counter() - self.started)
+        doc["bytes_up"] = sum(r["bytes_up"] for r in self.rows)
+        doc["bytes_down"] = sum(r["bytes_down"] for r in self.rows)
         if self.astraea is not None:
             kl = self.astraea.client_kl()
             med = [v for r in self.rows for v in r.get("mediator_kl", [])]

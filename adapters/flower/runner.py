@@ -314,16 +314,8 @@ def collect(config: RunConfig, out_dir: Path, elapsed_s: float | None = None) ->
             row.update(test_accuracy=metrics["eval_acc"], test_loss=metrics["eval_loss"])
         rows.append(row)
     (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    evals = [r for r in rows if "test_accuracy" in r]
-    best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
-    summary = {
-        "config": config.to_dict(),
-        "rounds": len(rows),
-        "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
-        "best_accuracy": best["test_accuracy"] if best else None,
-        "best_round": best["round"] if best else None,
-    }
-    if elapsed_s is not None:
-        summary["elapsed_s"] = round(elapsed_s, 3)
+    from fl_adapters.experiment import run_summary
+
+    summary = run_summary(config, rows, elapsed_s)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
