@@ -298,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write the report from the runs recorded so far, running nothing",
     )
+    ap.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        help="also set this README's thesis-claims block to the report's verdicts",
+    )
     a = ap.parse_args(argv)
     opts: dict[str, Any] = dict(QUICK if a.quick else FULL)
     opts.update(
@@ -327,9 +333,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from fedbalance_benchmarks.thesis_report import write_report
 
-    args = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--no-run"]
-    command = "fedbalance bench thesis " + " ".join(args)
+    # The command that runs this grid: without what only rewrites reports.
+    args = list(argv if argv is not None else sys.argv[1:])
+    if "--readme" in args:
+        del args[args.index("--readme") : args.index("--readme") + 2]
+    command = "fedbalance bench thesis " + " ".join(x for x in args if x != "--no-run")
     text = write_report(curves, opts, out_dir, stem_of(opts), command.strip())
+    if a.readme is not None:
+        from fedbalance_benchmarks.thesis_claims import readme_with_verdicts
+
+        a.readme.write_text(readme_with_verdicts(a.readme.read_text(), text))
     print(text)
     print(
         f"wrote {out_dir}/{stem_of(opts)}.md, .json and .png plots in {time.perf_counter() - start:.0f} s"

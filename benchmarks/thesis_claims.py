@@ -468,3 +468,13 @@ def verdict_table(report_md: str) -> str:
     start = next(i for i, line in enumerate(lines) if line.startswith("| claim"))
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
     return "\n".join(lines[start:end])
+
+
+BEGIN, END = "<!-- thesis-claims -->\n", "<!-- /thesis-claims -->"
+
+
+def readme_with_verdicts(readme: str, report_md: str) -> str:
+    """``readme`` with the block between its thesis-claims markers set to the report's verdict
+    table (``fedbalance bench thesis ... --readme README.md`` writes it)."""
+    start = readme.index(BEGIN) + len(BEGIN)
+    return readme[:start] + verdict_table(report_md) + "\n" + readme[readme.index(END) :]

@@ -162,3 +162,14 @@ def test_the_readme_shows_the_reports_verdicts() -> None:
     readme = README.read_text()
     block = readme.split("<!-- thesis-claims -->\n", 1)[1].split("\n<!-- /thesis-claims -->", 1)[0]
     assert block == tc.verdict_table(text)
+
+
+def test_readme_with_verdicts_replaces_only_the_block() -> None:
+    _, text = committed_e10()
+    stale = "intro\n<!-- thesis-claims -->\n| old |\n<!-- /thesis-claims -->\noutro\n"
+    fresh = tc.readme_with_verdicts(stale, text)
+    assert (
+        fresh
+        == f"intro\n<!-- thesis-claims -->\n{tc.verdict_table(text)}\n<!-- /thesis-claims -->\noutro\n"
+    )
+    assert tc.readme_with_verdicts(README.read_text(), text) == README.read_text()
