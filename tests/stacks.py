@@ -5,8 +5,8 @@ its pins, FedLab 1.3.0, or nothing: the core alone). They live in ``.venv-stacks
 checkout (``FEDBALANCE_STACKS`` to move them) and are rebuilt when missing or when their
 recipe, torch or Python changes. (Kept in ``~/.cache`` and shared between clones, the FedLab
 example test failed in two full runs for a reason not yet found; in the checkout it passed.)
-fedbalance itself is uninstalled and installed again from the freshly built wheel on every
-test run.
+fedbalance itself is installed from the freshly built wheel whenever its files differ from the
+stack's install (the wheel's ``RECORD``), one process at a time.
 
 torch is not installed again per stack: its distributions (torch, torchvision and everything
 they require, ~5 GB) are hard-linked from the test environment by their ``RECORD`` files,
@@ -29,6 +29,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -123,13 +125,20 @@ def _stamp(stack: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@contextmanager
+def locked(name: str, home: Path = HOME) -> Iterator[None]:
+    """Hold ``home/name.lock``: one process at a time (pytest -n workers, parallel runs)."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure(stack: str, venv: Path | None = None) -> Path:
     """The stack's python, building the venv (at ``venv``, default ``HOME/stack``) first if it
     is missing or out of date."""
     where = venv_of(stack, venv)
-    where.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{where}.lock", "w") as lock:  # one builder at a time (pytest -n)
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(where.name, where.parent):
         return _ensure(stack, where)
 
 
@@ -168,17 +177,61 @@ def _ensure(stack: str, venv: Path) -> Path:
 def install_wheel(stack: str, wheel: Path, extras: str = "") -> Path:
     """Build the stack if needed, then install fedbalance from ``wheel`` (not editable).
 
-    A stack whose earlier fedbalance cannot be uninstalled (an install cut short, files
-    removed by hand) is rebuilt from scratch rather than trusted.
+    Under the stack's lock, and only when the stack does not already hold a working install of
+    a wheel with the same ``RECORD`` (same files, same hashes): two test processes that each
+    built the wheel then share one install instead of uninstalling it under each other. The
+    install is checked by importing it from the stack; a broken one (an install cut short,
+    files removed by hand) is installed again once, then reported with what was found.
     """
     python = ensure(stack)
-    uninstall = [str(python), *PIP, "uninstall", "-y", "fedbalance"]
-    if subprocess.run(uninstall).returncode != 0:
-        shutil.rmtree(HOME / stack)
-        python = ensure(stack)
-    target = f"{wheel}[{extras}]" if extras else str(wheel)
-    subprocess.run([str(python), *PIP, "install", target], check=True)
+    record = f"{_wheel_record_hash(wheel)} {extras}"
+    stamp = HOME / f"{stack}.wheel"
+    with locked(stack):
+        if stamp.is_file() and stamp.read_text() == record and _installed_ok(python) is None:
+            return python
+        stamp.unlink(missing_ok=True)
+        target = f"{wheel}[{extras}]" if extras else str(wheel)
+        if subprocess.run([str(python), *PIP, "uninstall", "-y", "fedbalance"]).returncode:
+            shutil.rmtree(HOME / stack)  # an install pip cannot remove: start from scratch
+            python = _ensure(stack, HOME / stack)
+        subprocess.run([str(python), *PIP, "install", target], check=True)
+        problem = _installed_ok(python)
+        if problem is not None:
+            print(f"stacks: {stack}: {problem}; installing again", file=sys.stderr)
+            again = [str(python), *PIP, "install", "--force-reinstall", "--no-deps", str(wheel)]
+            subprocess.run(again, check=True)
+            problem = _installed_ok(python)
+            if problem is not None:
+                raise RuntimeError(f"fedbalance does not import from the {stack} stack: {problem}")
+        stamp.write_text(record)
     return python
+
+
+def _wheel_record_hash(wheel: Path) -> str:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as whl:
+        name = next(n for n in whl.namelist() if n.endswith(".dist-info/RECORD"))
+        return hashlib.sha256(whl.read(name)).hexdigest()
+
+
+def _installed_ok(python: Path) -> str | None:
+    """``None`` if the stack imports fedbalance from its own site-packages, else what it saw."""
+    probe = (
+        "import importlib.metadata as m, fl_adapters, fl_aggregators, fl_partitions; "
+        "print(fl_adapters.__file__, m.version('fedbalance'))"
+    )
+    out = subprocess.run(
+        [str(python), "-I", "-c", probe], capture_output=True, text=True, cwd=python.parents[1]
+    )
+    if out.returncode != 0:
+        return f"import failed: {out.stderr.strip()[-500:]}"
+    where = out.stdout.split()[0] if out.stdout.split() else ""
+    if where == "None" or not Path(where).is_relative_to(python.parents[1]):
+        site = _site(python.parents[1]) / "fl_adapters"
+        listing = sorted(p.name for p in site.iterdir()) if site.is_dir() else "missing"
+        return f"fl_adapters imports from {where!r} (site-packages/fl_adapters: {listing})"
+    return None
 
 
 if __name__ == "__main__":  # `make setup-flower`: python tests/stacks.py flower .venv-flower

@@ -26,7 +26,9 @@ import stacks
 import yaml
 from helpers import records
 
-# One xdist worker builds the distributions and fills the stacks for the whole module.
+# One xdist worker builds the distributions and fills the stacks for the whole module. (Should
+# the group not hold -- pytest 9.2 broke xdist_group, pytest-xdist#1386 -- the builds and installs
+# still take turns, under tests/stacks.py's locks.)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("installed")]
 ROOT = stacks.ROOT
 HOSTS = Path(__file__).parent / "hosts"
@@ -34,6 +36,17 @@ FMNIST = Path("/usr/share/datasets/fashion-mnist")
 needs_fmnist = pytest.mark.skipif(
     not FMNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed (make setup)"
 )
+
+
+def test_this_module_is_one_xdist_group(request: pytest.FixtureRequest) -> None:
+    """Under ``--dist loadgroup`` (``make test``) xdist marks the group in the node id; without
+    it the tests are spread over workers that each build and install (slower, and how pytest
+    9.2 broke it once: pytest-xdist#1386)."""
+    if request.config.getoption("dist", "no") == "no" and "PYTEST_XDIST_WORKER" not in os.environ:
+        pytest.skip("not run by pytest-xdist")
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not --dist loadgroup")
+    assert request.node.nodeid.endswith("@installed"), request.node.nodeid
 
 
 def package_roots() -> dict[str, str]:
@@ -60,11 +73,12 @@ def tracked(folder: str) -> list[str]:
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("dist")
-    build = subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
-        capture_output=True,
-        text=True,
-    )
+    with stacks.locked("build"):  # the sdist is built in the checkout: one build at a time
+        build = subprocess.run(
+            [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
+            capture_output=True,
+            text=True,
+        )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     return {"wheel": next(out.glob("*.whl")), "sdist": next(out.glob("*.tar.gz"))}
 
