@@ -47,6 +47,8 @@ class Checkpoint:
     plan: dict[str, Any] | None = None
     #: Process RNG states where the host draws from global RNGs (FedML sp: torch, numpy).
     rng: dict[str, Any] | None = None
+    #: Per-round metrics the host keeps in memory only (Flower's strategy ``Result``), as JSON.
+    history: dict[str, Any] | None = None
 
     def save(self, path: Path) -> None:
         doc = {
@@ -60,6 +62,7 @@ class Checkpoint:
             "sampler": self.sampler,
             "plan": json.dumps(self.plan) if self.plan is not None else None,
             "rng": self.rng,
+            "history": json.dumps(self.history) if self.history is not None else None,
         }
         tmp = path.with_name(path.name + ".tmp")
         torch.save(doc, tmp)
@@ -93,6 +96,7 @@ class Checkpoint:
                 sampler=doc["sampler"],
                 plan=json.loads(doc["plan"]) if doc["plan"] is not None else None,
                 rng=doc.get("rng"),  # absent from checkpoints written before FedML resume
+                history=json.loads(doc["history"]) if doc.get("history") is not None else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: malformed checkpoint ({type(e).__name__}: {e})") from e
@@ -103,6 +107,7 @@ class Checkpoint:
             and _is_model(ckpt.model)
             and isinstance(ckpt.aggregator, dict)
             and (ckpt.sampler is None or all(isinstance(x, int) for x in ckpt.sampler))
+            and (ckpt.history is None or isinstance(ckpt.history, dict))
         )
         if not ok:
             raise CheckpointError(f"{path}: malformed checkpoint (a field has the wrong type)")
@@ -164,3 +169,24 @@ def restore_sampler(rng: Any, state: list[int] | None) -> None:
             raise CheckpointError("the checkpoint's client sampler does not match this run's")
         return
     rng.setstate((state[0], tuple(state[1:]), None))
+
+
+def resume_hint(out_dir: Path) -> str:
+    """For a stopped run's error message: its checkpoint's round and how to resume, or that
+    no round had completed."""
+    path = out_dir / NAME
+    try:
+        done = Checkpoint.load(path).round
+    except CheckpointError:
+        return "; no round had completed, so there is no checkpoint"
+    return f"; {path} holds round {done}: `fedbalance run --resume` continues from it"
+
+
+def keep_recorded_rounds(record: Path, done: int) -> None:
+    """Drop the aggregation-record lines (``FEDBALANCE_RECORD``) of rounds after ``done``: a
+    run stopped between its record and its checkpoint wrote one more, which the resumed run
+    writes again."""
+    if not record.is_file():
+        return
+    kept = [x for x in record.read_text().splitlines() if json.loads(x)["round"] <= done]
+    record.write_text("".join(x + "\n" for x in kept))

@@ -138,7 +138,7 @@ def require_host(config: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fl_adapters.config import ConfigError, RunConfig
+    from fl_adapters.config import RunConfig
 
     config = RunConfig.load(args.config)
     require_host(config)
@@ -163,11 +163,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             resume=args.resume,
         )
     elif config.framework.startswith("flower"):
-        if args.resume:
-            raise ConfigError(f"--resume is not implemented for {config.framework} yet")
         from fl_adapters.flower.runner import run_flower
 
-        summary = run_flower(config, out)
+        summary = run_flower(config, out, resume=args.resume)
     else:
         from fl_adapters.fedml.runner import run_fedml
 

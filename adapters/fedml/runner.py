@@ -29,7 +29,12 @@ from typing import Any
 import yaml
 
 from fl_adapters.checkpoint import NAME as CHECKPOINT
-from fl_adapters.checkpoint import Checkpoint, CheckpointError
+from fl_adapters.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    keep_recorded_rounds,
+    resume_hint,
+)
 from fl_adapters.config import RunConfig, RunFailed
 from fl_adapters.processes import stop, watch
 
@@ -200,16 +205,6 @@ def mpi_casualty(log: str) -> str | None:
     return f"process rank {m[1]} exited on {m[2].strip()}" if m else None
 
 
-def resume_hint(out_dir: Path) -> str:
-    """Where to resume a stopped run from (its checkpoint's round), or nothing."""
-    path = out_dir / CHECKPOINT
-    try:
-        done = Checkpoint.load(path).round
-    except CheckpointError:
-        return "; no round had completed, so there is no checkpoint"
-    return f"; {path} holds round {done}: `fedbalance run --resume` continues from it"
-
-
 def keep_completed_rounds(config: RunConfig, out_dir: Path) -> None:
     """Before a resume: the stopped run's rows up to its checkpoint into ``metrics.jsonl``, its
     log set aside (``fedml.log.<N>``), its recorder lines after the checkpoint dropped."""
@@ -221,9 +216,7 @@ def keep_completed_rounds(config: RunConfig, out_dir: Path) -> None:
             "run; resume in the directory the run wrote"
         )
     (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    record = out_dir / "aggregations.jsonl"
-    kept = [x for x in record.read_text().splitlines() if json.loads(x)["round"] <= ckpt.round]
-    record.write_text("".join(x + "\n" for x in kept))
+    keep_recorded_rounds(out_dir / "aggregations.jsonl", ckpt.round)
     n = 1
     while (out_dir / f"fedml.log.{n}").exists():
         n += 1

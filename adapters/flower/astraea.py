@@ -50,6 +50,7 @@ from fl_adapters.astraea import (
     label_counts,
     rebalance_client,
 )
+from fl_adapters.checkpoint import Checkpoint, CheckpointError
 from fl_adapters.flower.payload import (
     CLIENT_ID,
     METRICS,
@@ -86,6 +87,15 @@ class AstraeaStrategy(FedBalanceStrategy):
         self._finished: dict[int, tuple[ArrayRecord, int]] = {}
         #: Seconds to wait for one wave of mediator hops.
         self.hop_timeout = 3600.0
+        #: The plan of the checkpoint a resumed run started from (the new plan must equal it).
+        self.resumed_plan: dict[str, Any] | None = None
+
+    def checkpoint_plan(self) -> dict[str, Any] | None:
+        return None if self.planner is None else self.planner.plan.as_dict()
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        super().restore(ckpt)
+        self.resumed_plan = ckpt.plan
 
     # -- set-up: label counts, plan, rad ------------------------------------------------------
     def plan(self, grid: Grid, nodes: list[int], config: ConfigRecord) -> AstraeaPlanner:
@@ -139,14 +149,18 @@ class AstraeaStrategy(FedBalanceStrategy):
         return out
 
     # -- a round: mediator chains ------------------------------------------------------------
-    def configure_train(
+    def train_messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Runs this round's mediator chains through ``grid``; returns no message, so
         Flower's loop goes straight to :meth:`aggregate_train` with the mediators' models."""
-        self.global_params = to_state_dict(arrays)
         if self.planner is None:
             self.planner = self.plan(grid, sorted(grid.get_node_ids()), config)
+            if self.resumed_plan is not None and self.planner.plan.as_dict() != self.resumed_plan:
+                raise CheckpointError(
+                    "the Astraea plan from the clients' label counts differs from the "
+                    "checkpoint's: the data or partition changed since it was written"
+                )
         nodes = self.sample(grid, self.fraction_train, self.min_train_nodes)
         node_of = {client: node for node, client in self.client_ids.items()}
         self.round_mediators = self.planner.mediators([self.client_ids[n] for n in nodes])
@@ -196,8 +210,8 @@ class AstraeaStrategy(FedBalanceStrategy):
             wave = next_wave
         return []
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_replies(
+        self, server_round: int, replies: list[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Average the mediators' models with weights ``n_m / n`` (the ``astraea`` aggregator)."""
         if self.global_params is None or self.planner is None:
@@ -216,9 +230,7 @@ class AstraeaStrategy(FedBalanceStrategy):
         result: AggregationResult = self.astraea.aggregate(
             self.global_params, updates, round=server_round, host=self.host
         )
-        self.last_result = result
-        if self.on_round is not None:
-            self.on_round(self, result)
+        self.aggregated(result)
         metrics = MetricRecord(
             {"fedbalance-mediators": len(updates), "fedbalance-rejected": len(result.rejected)}
         )

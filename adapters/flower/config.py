@@ -10,9 +10,10 @@ FedLoss). So an aggregator's arguments travel as one JSON object in a string::
     seed = 0
 
 and can be overridden like any run-config key
-(``flwr run . --run-config "aggregator='fedloss_n'"``). Every error names the key, what is
-allowed and what was given; unknown aggregators and arguments are reported by the plugin
-registry, which lists the available names.
+(``flwr run . --run-config "aggregator='fedloss_n'"``). ``checkpoint-dir`` and ``resume-from``
+checkpoint a run after every round and continue one (:mod:`fl_adapters.flower.checkpoint`).
+Every error names the key, what is allowed and what was given; unknown aggregators and
+arguments are reported by the plugin registry, which lists the available names.
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ from fl_adapters.config import ConfigError
 AGGREGATOR_KEY = "aggregator"
 ARGS_KEY = "aggregator-args"
 SEED_KEY = "seed"
+#: Where the strategy writes ``checkpoint.pt`` after every round ("" or absent: nowhere).
+CHECKPOINT_KEY = "checkpoint-dir"
+#: A checkpoint (its file or directory) to continue the run from ("" or absent: a new run).
+RESUME_KEY = "resume-from"
 #: The keys fedbalance owns in a Flower app's run config (others belong to the app).
-KEYS = (AGGREGATOR_KEY, ARGS_KEY, SEED_KEY)
+KEYS = (AGGREGATOR_KEY, ARGS_KEY, SEED_KEY, CHECKPOINT_KEY, RESUME_KEY)
 WHERE = "[tool.flwr.app.config]"
 
 
@@ -41,11 +46,15 @@ class AppConfig:
     aggregator : a registered aggregator name (``fedbalance list``).
     aggregator_args : keyword arguments for it.
     seed : seeds the strategy's node sampling (and whatever the app derives from it).
+    checkpoint_dir : where the strategy checkpoints after every round ("": nowhere).
+    resume_from : the checkpoint to continue from ("": start a new run).
     """
 
     aggregator: str = "fedavg"
     aggregator_args: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    checkpoint_dir: str = ""
+    resume_from: str = ""
 
 
 def parse_run_config(run_config: Mapping[str, Any]) -> AppConfig:
@@ -78,4 +87,19 @@ def parse_run_config(run_config: Mapping[str, Any]) -> AppConfig:
     seed = run_config.get(SEED_KEY, 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"{WHERE} {SEED_KEY} must be an int >= 0, got {seed!r}")
-    return AppConfig(aggregator=name.strip(), aggregator_args=args, seed=seed)
+    paths = {}
+    for key in (CHECKPOINT_KEY, RESUME_KEY):
+        value = run_config.get(key, "")
+        if not isinstance(value, str):
+            raise ConfigError(
+                f'{WHERE} {key} must be a directory path in a string ("" for none), '
+                f"got {value!r} ({type(value).__name__})"
+            )
+        paths[key] = value.strip()
+    return AppConfig(
+        aggregator=name.strip(),
+        aggregator_args=args,
+        seed=seed,
+        checkpoint_dir=paths[CHECKPOINT_KEY],
+        resume_from=paths[RESUME_KEY],
+    )

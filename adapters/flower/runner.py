@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fl_adapters.checkpoint import NAME, keep_recorded_rounds, resume_hint
 from fl_adapters.config import ConfigError, RunConfig, RunFailed
+from fl_adapters.flower.config import CHECKPOINT_KEY, RESUME_KEY
 from fl_adapters.processes import descendants, exit_reason, free_ports, kill_all, stop
 
 log = logging.getLogger(__name__)
@@ -202,15 +204,12 @@ def app_dir() -> Path:
     return Path(app.__file__).resolve().parent
 
 
-def app_run_config(config: RunConfig, out_dir: Path) -> Path:
-    """``config`` as a TOML file of the app's run-config overrides (``--run-config FILE``).
-
-    A file, not ``key=value`` pairs: Flower splits those with a regular expression that
-    cannot hold a JSON value's quotes and spaces. A JSON string or number is valid TOML.
-    """
-    values: dict[str, Any] = {
+def app_values(config: RunConfig, out_dir: Path, resume: bool = False) -> dict[str, Any]:
+    """``config`` as the app's run-config keys; the strategy checkpoints in ``out_dir`` and,
+    with ``resume``, continues from the checkpoint there."""
+    return {
         "aggregator": config.aggregator,
-        "aggregator-args": json.dumps(config.aggregator_args),
+        "aggregator-args": json.dumps(config.aggregator_args, sort_keys=True),
         "seed": config.seed,
         "num-server-rounds": config.rounds,
         "num-partitions": config.num_clients,
@@ -226,14 +225,30 @@ def app_run_config(config: RunConfig, out_dir: Path) -> Path:
         "lr": config.lr,
         "max-samples": config.max_samples or 0,
         "out-dir": str(out_dir / "app"),
+        CHECKPOINT_KEY: str(out_dir),
+        RESUME_KEY: str(out_dir) if resume else "",
     }
+
+
+def app_run_config(values: Mapping[str, Any], out_dir: Path) -> Path:
+    """The app's run-config ``values`` as a TOML file of overrides (``--run-config FILE``).
+
+    A file, not ``key=value`` pairs: Flower splits those with a regular expression that
+    cannot hold a JSON value's quotes and spaces. A JSON string or number is valid TOML.
+    """
     path = out_dir / "run_config.toml"
     path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
     return path
 
 
-def run_flower(config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600) -> dict[str, Any]:
-    """Run ``config`` on Flower; ``metrics.jsonl`` and ``summary.json`` in ``out_dir``."""
+def run_flower(
+    config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600, resume: bool = False
+) -> dict[str, Any]:
+    """Run ``config`` on Flower; ``metrics.jsonl`` and ``summary.json`` in ``out_dir``.
+
+    The strategy checkpoints in ``out_dir`` after every round; ``resume`` continues from there
+    (same config, ``rounds`` may grow), and a run that stops says which round it holds.
+    """
     from fl_adapters.experiment import check
 
     started = time.monotonic()
@@ -245,10 +260,19 @@ def run_flower(config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600) 
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     record = out_dir / "aggregations.jsonl"
-    for stale in (record, out_dir / "metrics.jsonl", out_dir / "app" / "summary.json"):
+    values = app_values(config, out_dir, resume)
+    if resume:  # a checkpoint this run cannot continue is refused before any process starts
+        from fl_adapters.flower import checkpoint
+
+        ckpt = checkpoint.load(out_dir, checkpoint.identity(values), config.rounds, partial=True)
+        keep_recorded_rounds(record, ckpt.round)
+    else:
+        record.unlink(missing_ok=True)
+        (out_dir / NAME).unlink(missing_ok=True)
+    for stale in (out_dir / "metrics.jsonl", out_dir / "app" / "summary.json"):
         stale.unlink(missing_ok=True)
     env = {"FEDBALANCE_RECORD": str(record)}
-    overrides = str(app_run_config(config, out_dir))
+    overrides = str(app_run_config(values, out_dir))
     if config.framework == "flower-deployment":
         try:
             run_deployment(
@@ -260,9 +284,12 @@ def run_flower(config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600) 
                 timeout=timeout,
             )
         except DeploymentFailed as e:
-            raise RunFailed(f"Flower deployment: {e}") from e
+            raise RunFailed(f"Flower deployment: {e}{resume_hint(out_dir)}") from e
     elif config.framework == "flower":
-        _simulate(config.num_clients, overrides, out_dir, env, timeout)
+        try:
+            _simulate(config.num_clients, overrides, out_dir, env, timeout)
+        except RunFailed as e:
+            raise RunFailed(f"{e}{resume_hint(out_dir)}") from e
     else:
         raise ConfigError(f"framework must be flower or flower-deployment, got {config.framework}")
     return collect(config, out_dir, elapsed_s=time.monotonic() - started)

@@ -7,13 +7,17 @@ replies to a fedbalance aggregator, so FedLoss, FedLoss-n, FedAvgM, FedMedian (a
 plugins) weigh, reject and record exactly as they do on FedLab and FedML, with
 ``host: flower`` in the aggregation record.
 
-Two departures from Flower's ``FedAvg``, both for reproducibility and robustness:
+Where it departs from Flower's ``FedAvg``, for reproducibility and robustness:
 
 * Node sampling uses the strategy's own ``random.Random(seed)`` (Flower's samples with the
   global ``random``) over the nodes ordered by the client id each reports once
   (:meth:`FedBalanceStrategy.identify`; Flower's node ids are random per run), so the same
   seed samples the same clients -- FedLab standalone's ``random.Random(seed).sample(range(n),
-  k)`` draw -- and updates are summed in client order, so it gives the same model bit for bit.
+  k)`` draw -- and updates are summed in client order (evaluation replies in an order of
+  their content), so it gives the same model and metrics bit for bit.
+* A run can checkpoint after every round and continue from it (``checkpoint_dir``,
+  ``resume_from``; see :mod:`fl_adapters.flower.checkpoint`); Flower's ``start`` has no
+  first-round argument, so the strategy numbers the remaining rounds itself.
 * A reply that is malformed (no ArrayRecord, keys or shapes of another model, missing or
   non-finite ``val_loss``, a bad ``num-examples``) is rejected by the aggregator, with a
   warning and a record entry, and the round goes on with the others; Flower's ``FedAvg``
@@ -30,18 +34,22 @@ either with one call::
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from fl_adapters.checkpoint import NAME, Checkpoint, restore_sampler, sampler_state
 from fl_adapters.config import ConfigError
+from fl_adapters.flower import checkpoint
 from fl_adapters.flower.config import AGGREGATOR_KEY, ARGS_KEY, WHERE, parse_run_config
 from fl_adapters.flower.payload import (
     CLIENT_ID,
@@ -106,6 +114,11 @@ class FedBalanceStrategy(FedAvg):
     aggregator_args : keyword arguments for a named aggregator.
     seed : seeds node sampling (see the module docstring).
     on_round : called as ``on_round(strategy, result)`` after every aggregation.
+    checkpoint_dir : write ``checkpoint.pt`` there after every round (``None``: nowhere).
+    resume_from : continue from this checkpoint (its file or directory) in :meth:`start`.
+    run_config : what else defines the run (the app's run config): recorded in the checkpoint,
+        and a resumed run must match it (but for :data:`~fl_adapters.flower.checkpoint.
+        MAY_CHANGE`).
     **fedavg_kwargs : Flower ``FedAvg``'s own arguments (``fraction_train``,
         ``min_train_nodes``, ``min_available_nodes``, ...). ``weighted_by_key`` only weighs
         the *evaluation* metrics; training is weighed by the aggregator.
@@ -119,10 +132,38 @@ class FedBalanceStrategy(FedAvg):
         seed: int = 0,
         on_round: Callable[[FedBalanceStrategy, AggregationResult], None] | None = None,
         mediated: bool = False,
+        checkpoint_dir: str | Path | None = None,
+        resume_from: str | Path | None = None,
+        run_config: Mapping[str, Any] | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
         self.aggregator = make_aggregator(aggregator, aggregator_args, mediated=mediated)
+        self.checkpoint_path = Path(checkpoint_dir) / NAME if checkpoint_dir else None
+        self.resume_from = Path(resume_from) if resume_from else None
+        self.run_identity = checkpoint.identity(
+            {
+                "strategy": type(self).__name__,
+                "seed": seed,
+                "fraction-train": self.fraction_train,
+                "min-train-nodes": self.min_train_nodes,
+                **dict(run_config or {}),
+                AGGREGATOR_KEY: self.aggregator.name,
+                ARGS_KEY: json.dumps(dict(aggregator_args or {}), sort_keys=True),
+            }
+        )
+        #: Rounds done before this process started (a resumed run): Flower's loop counts from
+        #: 1 again, and every round number the strategy sends, records and returns adds this.
+        self.round_offset = 0
+        #: Per-round metrics of the whole run (Flower's ``Result`` holds this process's only).
+        self.history: dict[str, dict[int, dict[str, Any]]] = {
+            "train": {},
+            "evaluate": {},
+            "server": {},
+        }
+        #: The global model after the round just aggregated (what the checkpoint keeps).
+        self.round_params: dict[str, torch.Tensor] | None = None
+        self._evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
         self.seed = seed
         self.rng = random.Random(seed)
         self.on_round = on_round
@@ -212,7 +253,14 @@ class FedBalanceStrategy(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        """This round's train messages (:meth:`train_messages`), the round numbered in the run."""
         self.global_params = to_state_dict(arrays)
+        return self.train_messages(server_round + self.round_offset, arrays, config, grid)
+
+    def train_messages(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The train messages of round ``server_round`` (counted from the run's start)."""
         return self._configure(
             server_round,
             arrays,
@@ -227,7 +275,7 @@ class FedBalanceStrategy(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         return self._configure(
-            server_round,
+            server_round + self.round_offset,
             arrays,
             config,
             grid,
@@ -240,10 +288,20 @@ class FedBalanceStrategy(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The aggregator's result for this round's replies (``None`` arrays: model kept)."""
+        """The aggregator's result for this round's replies (``None`` arrays: model kept);
+        :meth:`aggregate_replies` with the round numbered in the run."""
+        server_round += self.round_offset
+        arrays, metrics = self.aggregate_replies(server_round, list(replies))
+        if metrics is not None:
+            self.history["train"][server_round] = dict(metrics)
+        return arrays, metrics
+
+    def aggregate_replies(
+        self, server_round: int, replies: list[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate round ``server_round``'s train replies; ends with :meth:`aggregated`."""
         if self.global_params is None:
             raise RuntimeError("aggregate_train before configure_train: no global model")
-        replies = list(replies)
         for msg in replies:
             if msg.has_error():
                 log.warning(
@@ -261,9 +319,7 @@ class FedBalanceStrategy(FedAvg):
         result = self.aggregator.aggregate(
             self.global_params, updates, round=server_round, host=self.host
         )
-        self.last_result = result
-        if self.on_round is not None:
-            self.on_round(self, result)
+        self.aggregated(result)
         metrics = MetricRecord(
             {
                 "fedbalance-accepted": len(updates) - len(result.rejected),
@@ -274,6 +330,129 @@ class FedBalanceStrategy(FedAvg):
         if result.skipped:
             return None, metrics
         return to_array_record(result.params), metrics
+
+    def aggregated(self, result: AggregationResult) -> None:
+        """After every aggregation: keep the round's model and call ``on_round``."""
+        self.last_result = result
+        self.round_params = self.global_params if result.skipped else dict(result.params)
+        if self.on_round is not None:
+            self.on_round(self, result)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Flower's weighted evaluation metrics; the round is complete (checkpointed here
+        unless ``start`` was given an ``evaluate_fn``, which then comes last)."""
+        server_round += self.round_offset
+        # Replies arrive in any order, and Flower sums them in that order: ordered by content,
+        # the same replies give the same averages to the last bit.
+        metrics = super().aggregate_evaluate(server_round, sorted(replies, key=_content_order))
+        if metrics is not None:
+            self.history["evaluate"][server_round] = dict(metrics)
+        if self._evaluate_fn is None:
+            self.save_checkpoint(server_round)
+        return metrics
+
+    # -- checkpoints and resume -------------------------------------------------------------
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Flower's ``start``, resumed from ``resume_from`` when set: the checkpoint's model
+        replaces ``initial_arrays`` and the remaining ``num_rounds - k`` rounds run. Returns
+        the whole run's ``Result``, rounds numbered from the run's start."""
+        if self.resume_from is not None:
+            ckpt = checkpoint.load(self.resume_from, self.run_identity, num_rounds)
+            self.restore(ckpt)
+            initial_arrays = to_array_record(dict(ckpt.model))
+            log.info(
+                "resumed from %s after round %d of %d; Flower counts the remaining %d from 1",
+                self.resume_from,
+                ckpt.round,
+                num_rounds,
+                num_rounds - ckpt.round,
+            )
+        self._evaluate_fn = evaluate_fn
+        super().start(
+            grid,
+            initial_arrays,
+            num_rounds=num_rounds - self.round_offset,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_config=evaluate_config,
+            evaluate_fn=None if evaluate_fn is None else self._evaluate_then_checkpoint,
+        )
+        result = Result()
+        params = self.round_params if self.round_params is not None else initial_arrays
+        result.arrays = params if isinstance(params, ArrayRecord) else to_array_record(params)
+        for key, into in (
+            ("train", result.train_metrics_clientapp),
+            ("evaluate", result.evaluate_metrics_clientapp),
+            ("server", result.evaluate_metrics_serverapp),
+        ):
+            into.update({r: MetricRecord(m) for r, m in sorted(self.history[key].items())})
+        return result
+
+    def _evaluate_then_checkpoint(
+        self, server_round: int, arrays: ArrayRecord
+    ) -> MetricRecord | None:
+        assert self._evaluate_fn is not None
+        server_round += self.round_offset
+        if server_round == self.round_offset and server_round > 0:
+            return None  # the initial evaluation was the first run's
+        metrics = self._evaluate_fn(server_round, arrays)
+        if metrics is not None:
+            self.history["server"][server_round] = dict(metrics)
+        if server_round > 0:
+            self.save_checkpoint(server_round)
+        return metrics
+
+    def save_checkpoint(self, server_round: int) -> None:
+        """Write round ``server_round``'s checkpoint (atomically), if ``checkpoint_dir`` is set."""
+        if self.checkpoint_path is None:
+            return
+        params = self.round_params if self.round_params is not None else self.global_params
+        if params is None:
+            raise RuntimeError("save_checkpoint before any round: no global model")
+        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        Checkpoint(
+            config=self.run_identity,
+            round=server_round,
+            model={k: v.detach().cpu().clone() for k, v in params.items()},
+            aggregator=self.aggregator.state_dict(),
+            participations={},
+            sampler=sampler_state(self.rng),
+            plan=self.checkpoint_plan(),
+            history={k: {str(r): m for r, m in v.items()} for k, v in self.history.items()},
+        ).save(self.checkpoint_path)
+
+    def checkpoint_plan(self) -> dict[str, Any] | None:
+        """A plan the checkpoint keeps (Astraea's); ``None`` here."""
+        return None
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Take the checkpoint's state: round, aggregator, sampler and metrics so far."""
+        self.round_offset = ckpt.round
+        self.aggregator.load_state_dict(ckpt.aggregator)
+        restore_sampler(self.rng, ckpt.sampler)
+        self.round_params = dict(ckpt.model)
+        history = ckpt.history or {}
+        for key, rows in self.history.items():
+            rows.clear()
+            rows.update({int(r): m for r, m in history.get(key, {}).items()})
+
+
+def _content_order(msg: Message) -> tuple[bool, str]:
+    if msg.has_error():
+        return (True, str(msg.error.reason))
+    records = msg.content.metric_records
+    return (False, json.dumps({k: dict(v) for k, v in records.items()}, sort_keys=True))
 
 
 def weighted_metrics(updates: list[Any], weights: list[float]) -> dict[str, float]:
@@ -311,8 +490,16 @@ def strategy_from_run_config(
     """
     cfg = parse_run_config(run_config)
     agg = make_aggregator(cfg.aggregator, cfg.aggregator_args, mediated=True)
+    kwargs: dict[str, Any] = {
+        "aggregator_args": cfg.aggregator_args,
+        "seed": cfg.seed,
+        "checkpoint_dir": cfg.checkpoint_dir or None,
+        "resume_from": cfg.resume_from or None,
+        "run_config": run_config,
+        **fedavg_kwargs,
+    }
     if needs_mediators(agg):
         from fl_adapters.flower.astraea import AstraeaStrategy
 
-        return AstraeaStrategy(agg, seed=cfg.seed, **fedavg_kwargs)
-    return FedBalanceStrategy(agg, seed=cfg.seed, **fedavg_kwargs)
+        return AstraeaStrategy(agg, **kwargs)
+    return FedBalanceStrategy(agg, **kwargs)

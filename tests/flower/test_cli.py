@@ -79,12 +79,6 @@ def test_fedbalance_run_on_flower_refuses_what_it_cannot_run(
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
-def test_resume_is_refused_on_flower(tmp_path: Path) -> None:
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(CONFIG))
-    out = fedbalance("run", "run.yaml", "--out", "out", "--resume", cwd=tmp_path)
-    assert out.returncode == 2 and "--resume is not implemented for flower yet" in out.stderr
-
-
 def test_thesis_grid_on_flower_stands_beside_the_committed_hosts() -> None:
     """The Flower row joins the committed FedLab and FedML grids when the settings match."""
     from fedbalance_benchmarks import thesis, thesis_report

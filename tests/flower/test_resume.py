@@ -1,0 +1,228 @@
+"""Checkpoints and ``fedbalance run --resume`` on Flower, with real Flower runs.
+
+* Simulation engine: a 1-round run continued to 3 ends on the model, metrics and aggregation
+  record of an uninterrupted 3-round run, bit for bit (FedAvgM, whose momentum is aggregator
+  state, and 2 of 3 clients a round, so the seeded sampler's state matters too).
+* Deployment engine: a SuperNode killed mid-run stops every process; the message names it and
+  the checkpoint, and ``--resume`` finishes the run on the same model as the uninterrupted one.
+* Refusals, before any Flower process starts: no checkpoint, a changed config, fewer rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from fl_adapters.checkpoint import Checkpoint, CheckpointError
+from fl_adapters.config import ConfigError
+from fl_adapters.flower import checkpoint
+from fl_adapters.flower.config import parse_run_config
+
+CONFIG: dict[str, Any] = {
+    "framework": "flower",
+    "dataset": "digits",
+    "partition": {"name": "label_dirichlet", "beta": 0.5},
+    "aggregator": "fedavgm",
+    "aggregator_args": {"beta": 0.9},
+    "num_clients": 3,
+    "clients_per_round": 2,
+    "rounds": 3,
+    "local_epochs": 1,
+    "batch_size": 32,
+    "seed": 7,
+}
+
+
+def fedbalance(
+    work: Path, config: dict[str, Any], *args: str, wait: bool = True
+) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
+    """``fedbalance run`` of ``config`` in ``work`` (output in ``work/out``)."""
+    (work / "run.yaml").write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
+    argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out", *args]
+    if not wait:
+        return subprocess.Popen(
+            argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=400)
+
+
+def outcome(out: Path) -> dict[str, Any]:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    record = [json.loads(x) for x in (out / "aggregations.jsonl").read_text().splitlines()]
+    for entry in record:
+        entry.pop("elapsed_s", None)  # wall time: not part of the result
+    return {
+        "model": torch.load(out / "app" / "final.pt"),
+        "rows": rows,
+        "record": record,
+        "summary": json.loads((out / "app" / "summary.json").read_text()),
+    }
+
+
+def assert_same_run(resumed: dict[str, Any], whole: dict[str, Any]) -> None:
+    assert resumed["model"].keys() == whole["model"].keys()
+    for key, value in whole["model"].items():
+        assert torch.equal(resumed["model"][key], value), key
+    assert resumed["rows"] == whole["rows"]
+    assert resumed["record"] == whole["record"]
+    assert resumed["summary"] == whole["summary"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("whole")
+    done = fedbalance(work, CONFIG, "--no-progress")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return outcome(work / "out")
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A simulation run of the first round (its checkpoint holds round 1)."""
+    work = tmp_path_factory.mktemp("stopped")
+    done = fedbalance(work, {**CONFIG, "rounds": 1}, "--no-progress")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return work
+
+
+@pytest.mark.slow
+def test_simulation_resume_ends_on_the_uninterrupted_run(
+    stopped: Path, uninterrupted: dict[str, Any], tmp_path: Path
+) -> None:
+    ckpt = Checkpoint.load(stopped / "out" / "checkpoint.pt")
+    assert ckpt.round == 1 and ckpt.config["host"] == "flower" and ckpt.sampler is not None
+    assert set(ckpt.aggregator) and sorted(ckpt.history["evaluate"]) == ["1"]
+    work = tmp_path / "resumed"
+    work.mkdir()
+    (work / "out").mkdir()
+    for name in ("checkpoint.pt", "aggregations.jsonl"):
+        (work / "out" / name).write_bytes((stopped / "out" / name).read_bytes())
+    done = fedbalance(work, CONFIG, "--no-progress", "--resume")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(outcome(work / "out"), uninterrupted)
+    assert Checkpoint.load(work / "out" / "checkpoint.pt").round == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seed": 8}, "seed: checkpoint 7, now 8"),
+        ({"aggregator_args": {"beta": 0.5}}, "aggregator-args"),
+    ],
+    ids=["seed", "aggregator-args"],
+)
+def test_resume_refuses_a_checkpoint_the_config_cannot_continue(
+    stopped: Path, change: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "checkpoint.pt").write_bytes(
+        (stopped / "out" / "checkpoint.pt").read_bytes()
+    )
+    started = time.monotonic()
+    done = fedbalance(tmp_path, {**CONFIG, **change}, "--resume")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert time.monotonic() - started < 60  # refused before Flower starts
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    done = fedbalance(tmp_path, CONFIG, "--resume")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 2 and "no checkpoint at" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_checkpoint_of_another_host_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    Checkpoint(
+        config={"dataset": "digits"}, round=1, model=torch.zeros(3), aggregator={},
+        participations={},
+    ).save(path)  # fmt: skip
+    with pytest.raises(CheckpointError, match="not by fedbalance's Flower strategy"):
+        checkpoint.load(tmp_path, checkpoint.identity({}), rounds=3)
+
+
+def test_a_run_shorter_than_its_checkpoint_is_refused(tmp_path: Path) -> None:
+    run = checkpoint.identity({"seed": 1, "num-server-rounds": 3})
+    Checkpoint(
+        config=run, round=2, model={"w": torch.ones(2)}, aggregator={}, participations={}
+    ).save(tmp_path / "checkpoint.pt")
+    assert checkpoint.load(tmp_path, run, rounds=2).round == 2
+    with pytest.raises(CheckpointError, match=r"at least the checkpoint's round \(2\).*got 1"):
+        checkpoint.load(tmp_path, run, rounds=1)
+    with pytest.raises(CheckpointError, match="seed: checkpoint 1, now 2"):
+        checkpoint.load(tmp_path, checkpoint.identity({"seed": 2}), rounds=3)
+
+
+@pytest.mark.parametrize("key", ["checkpoint-dir", "resume-from"])
+def test_checkpoint_keys_must_be_paths(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"{key} must be a directory path in a string"):
+        parse_run_config({key: 3})
+
+
+def supernodes(workdir: Path) -> list[int]:
+    """Pids of the SuperNodes running in ``workdir`` (the deployment's work directory)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            cwd = Path(os.readlink(f"/proc/{entry}/cwd"))
+        except OSError:
+            continue
+        if cwd == workdir and any(part.endswith(b"flower-supernode") for part in cmd[:2]):
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_supernode_stops_the_deployment_and_resume_finishes_it(
+    uninterrupted: dict[str, Any], tmp_path: Path
+) -> None:
+    config = {**CONFIG, "framework": "flower-deployment"}
+    proc = fedbalance(tmp_path, config, "--no-progress", wait=False)
+    assert isinstance(proc, subprocess.Popen)
+    ckpt = tmp_path / "out" / "checkpoint.pt"
+    try:
+        deadline = time.monotonic() + 300
+        while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ckpt.exists(), "no round completed"
+        victims = supernodes((tmp_path / "out" / "deployment").resolve())
+        assert len(victims) == 3
+        os.kill(victims[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=120)
+        stopped_in = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "supernode" in stderr and "during the run" in stderr, stderr[-2000:]
+    assert "checkpoint.pt holds round" in stderr and "--resume" in stderr
+    assert stopped_in < 60
+    assert supernodes((tmp_path / "out" / "deployment").resolve()) == []
+    done_before = Checkpoint.load(ckpt).round
+    assert 1 <= done_before < CONFIG["rounds"]
+    resumed = fedbalance(tmp_path, config, "--no-progress", "--resume")
+    assert isinstance(resumed, subprocess.CompletedProcess)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # Seeded by (seed, client, round) and summed in client order: the deployment ends on the
+    # simulation's model, resumed or not.
+    assert_same_run(outcome(tmp_path / "out"), uninterrupted)
