@@ -356,13 +356,24 @@ def verdicts(grid: Grid, curves: Sequence[dict[str, Any]] | None) -> list[Verdic
 
 def default_vs_thesis_rule(grid: Grid) -> list[list[str]]:
     """``fedloss-default`` (library bounds) against ``fedloss`` (the thesis's rule), per
-    scenario: difference of means, the larger spread, and whether it costs beyond one std."""
+    scenario: difference of means, the larger spread, and whether it costs beyond one std
+    (no verdict on one seed: it has no spread)."""
     rows = []
     for scenario, aggs in grid.items():
         if "fedloss" not in aggs or "fedloss-default" not in aggs:
             continue
         a, b = aggs["fedloss-default"], aggs["fedloss"]
+        runs = min(a.runs, b.runs)
         c = compare(a, b)
+        verdict = (
+            f"too few seeds ({runs})"
+            if runs < 2
+            else "costs beyond std"
+            if c < 0
+            else "gains beyond std"
+            if c > 0
+            else "within std"
+        )
         rows.append(
             [
                 scenario,
@@ -370,7 +381,7 @@ def default_vs_thesis_rule(grid: Grid) -> list[list[str]]:
                 f"{a.mean:.2f} ± {a.spread:.2f}",
                 f"{a.mean - b.mean:+.2f}",
                 f"{a.final[0] - b.final[0]:+.2f}",
-                "costs beyond std" if c < 0 else "gains beyond std" if c > 0 else "within std",
+                verdict,
             ]
         )
     return rows

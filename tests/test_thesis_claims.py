@@ -127,6 +127,11 @@ def test_report_sets_each_claim_against_the_thesis(tmp_path: Path) -> None:
 def test_one_seed_gives_no_verdict() -> None:
     curves = [c for c in curves_from(tc.thesis_grid("svhn")) if c["seed"] == 0]
     assert {v.verdict for v in tc.verdicts(tc.our_grid(curves), curves)} == {"too few seeds (1)"}
+    with_default = [
+        {**c, "aggregator": "fedloss-default"} for c in curves if c["aggregator"] == "fedloss"
+    ]
+    rows = tc.default_vs_thesis_rule(tc.our_grid(curves + with_default))
+    assert rows and {r[5] for r in rows} == {"too few seeds (1)"}
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
