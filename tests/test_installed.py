@@ -26,27 +26,16 @@ import stacks
 import yaml
 from helpers import records
 
-# One xdist worker builds the distributions and fills the stacks for the whole module. (Should
-# the group not hold -- pytest 9.2 broke xdist_group, pytest-xdist#1386 -- the builds and installs
-# still take turns, under tests/stacks.py's locks.)
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("installed")]
+# Tests of this module may run on several xdist workers at once: each worker builds the
+# distributions and asks for the stacks, and tests/stacks.py's locks make the builds take turns
+# and share one install of the same wheel per stack.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 ROOT = stacks.ROOT
 HOSTS = Path(__file__).parent / "hosts"
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 needs_fmnist = pytest.mark.skipif(
     not FMNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed (make setup)"
 )
-
-
-def test_this_module_is_one_xdist_group(request: pytest.FixtureRequest) -> None:
-    """Under ``--dist loadgroup`` (``make test``) xdist marks the group in the node id; without
-    it the tests are spread over workers that each build and install (slower, and how pytest
-    9.2 broke it once: pytest-xdist#1386)."""
-    if request.config.getoption("dist", "no") == "no" and "PYTEST_XDIST_WORKER" not in os.environ:
-        pytest.skip("not run by pytest-xdist")
-    if not getattr(request.config.option, "loadgroup", False):
-        pytest.skip("not --dist loadgroup")
-    assert request.node.nodeid.endswith("@installed"), request.node.nodeid
 
 
 def package_roots() -> dict[str, str]:
