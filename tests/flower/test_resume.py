@@ -2,7 +2,8 @@
 
 * Simulation engine: a 1-round run continued to 3 ends on the model, metrics and aggregation
   record of an uninterrupted 3-round run, bit for bit (FedAvgM, whose momentum is aggregator
-  state, and 2 of 3 clients a round, so the seeded sampler's state matters too).
+  state, and 2 of 3 clients a round, so the seeded sampler's state matters too); Astraea, which
+  plans again on resume and must find the checkpoint's plan and the same mediators.
 * Deployment engine: a SuperNode killed mid-run stops every process; the message names it and
   the checkpoint, and ``--resume`` finishes the run on the same model as the uninterrupted one.
 * Refusals, before any Flower process starts: no checkpoint, a changed config, fewer rounds.
@@ -226,3 +227,30 @@ def test_a_killed_supernode_stops_the_deployment_and_resume_finishes_it(
     # Seeded by (seed, client, round) and summed in client order: the deployment ends on the
     # simulation's model, resumed or not.
     assert_same_run(outcome(tmp_path / "out"), uninterrupted)
+
+
+@pytest.mark.slow
+def test_astraea_resume_replans_the_same_plan_and_ends_on_the_same_model(tmp_path: Path) -> None:
+    config = {
+        **CONFIG,
+        "partition": {"name": "label_dirichlet", "beta": 0.5},
+        "aggregator": "astraea",
+        "aggregator_args": {"gamma": 2},
+        "num_clients": 4,
+        "clients_per_round": 3,
+        "rounds": 2,
+    }
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    for work, rounds in ((whole, 2), (part, 1)):
+        work.mkdir()
+        done = fedbalance(work, {**config, "rounds": rounds}, "--no-progress")
+        assert isinstance(done, subprocess.CompletedProcess)
+        assert done.returncode == 0, done.stderr[-3000:]
+    ckpt = Checkpoint.load(part / "out" / "checkpoint.pt")
+    assert ckpt.round == 1 and ckpt.plan is not None
+    resumed = fedbalance(part, config, "--no-progress", "--resume")
+    assert isinstance(resumed, subprocess.CompletedProcess)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got, want = outcome(part / "out"), outcome(whole / "out")
+    assert [e["mediators"] for e in got["record"]] == [e["mediators"] for e in want["record"]]
+    assert_same_run(got, want)
