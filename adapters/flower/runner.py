@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_adapters.checkpoint import NAME, keep_recorded_rounds, resume_hint
+from fl_adapters.checkpoint import NAME, CheckpointError, keep_recorded_rounds, resume_hint
 from fl_adapters.config import ConfigError, RunConfig, RunFailed
 from fl_adapters.flower.config import CHECKPOINT_KEY, RESUME_KEY
 from fl_adapters.processes import descendants, exit_reason, free_ports, kill_all, stop
@@ -266,6 +266,16 @@ def run_flower(
 
         ckpt = checkpoint.load(out_dir, checkpoint.identity(values), config.rounds, partial=True)
         keep_recorded_rounds(record, ckpt.round)
+        rounds = (
+            [json.loads(x)["round"] for x in record.read_text().splitlines()]
+            if record.is_file()
+            else []
+        )
+        if rounds != list(range(1, ckpt.round + 1)):
+            raise CheckpointError(
+                f"{record} does not hold the aggregation records of rounds 1..{ckpt.round} of "
+                "the checkpointed run; resume in the directory the run wrote"
+            )
     else:
         record.unlink(missing_ok=True)
         (out_dir / NAME).unlink(missing_ok=True)

@@ -124,8 +124,9 @@ def test_simulation_resume_ends_on_the_uninterrupted_run(
     [
         ({"seed": 8}, "seed: checkpoint 7, now 8"),
         ({"aggregator_args": {"beta": 0.5}}, "aggregator-args"),
+        ({}, "does not hold the aggregation records of rounds 1..1"),
     ],
-    ids=["seed", "aggregator-args"],
+    ids=["seed", "aggregator-args", "no-record"],
 )
 def test_resume_refuses_a_checkpoint_the_config_cannot_continue(
     stopped: Path, change: dict[str, Any], message: str, tmp_path: Path
