@@ -345,8 +345,19 @@ class FedBalanceStrategy(FedAvg):
         unless ``start`` was given an ``evaluate_fn``, which then comes last)."""
         server_round += self.round_offset
         # Replies arrive in any order, and Flower sums them in that order: ordered by content,
-        # the same replies give the same averages to the last bit.
-        metrics = super().aggregate_evaluate(server_round, sorted(replies, key=_content_order))
+        # the same replies give the same averages to the last bit. A node without test data
+        # (weight 0) is left out: its NaN loss times 0 is NaN in Flower's weighted sum, and a
+        # round where every node has none would divide by zero.
+        replies = sorted(replies, key=_content_order)
+        empty = [m for m in replies if _weighs_nothing(m, self.weighted_by_key)]
+        if empty:
+            log.info(
+                "evaluate round %s: %d node(s) without test data left out of the average",
+                server_round,
+                len(empty),
+            )
+        kept = [m for m in replies if m not in empty]
+        metrics = super().aggregate_evaluate(server_round, kept) if kept else None
         if metrics is not None:
             self.history["evaluate"][server_round] = dict(metrics)
         if self._evaluate_fn is None:
@@ -453,6 +464,16 @@ def _content_order(msg: Message) -> tuple[bool, str]:
         return (True, str(msg.error.reason))
     records = msg.content.metric_records
     return (False, json.dumps({k: dict(v) for k, v in records.items()}, sort_keys=True))
+
+
+def _weighs_nothing(msg: Message, key: str) -> bool:
+    """A reply whose weighting metric (``num-examples``) is 0: it evaluated no data."""
+    if msg.has_error():
+        return False
+    for record in msg.content.metric_records.values():
+        value = record.get(key)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+    return False
 
 
 def weighted_metrics(updates: list[Any], weights: list[float]) -> dict[str, float]:

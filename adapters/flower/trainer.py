@@ -140,10 +140,19 @@ def evaluate_reply(
     *,
     split: Sequence[float] = DEFAULT_SPLIT,
 ) -> Message:
-    """Loss and accuracy of the message's global model on the client's test split."""
+    """Loss and accuracy of the message's global model on the client's test split.
+
+    A client without test data replies ``num-examples`` 0 with loss and accuracy 0 (not NaN):
+    weight 0 then adds nothing to an average weighted by ``num-examples``, even Flower's own.
+    """
     model.load_state_dict(global_state(msg))
     test = client_splits(context, data, split).get("test")
-    loss, acc, n = evaluate(model, test) if test is not None else (float("nan"), 0.0, 0)
+    loss, acc, n = evaluate(model, test) if test is not None else (0.0, 0.0, 0)
+    if n == 0:
+        log.warning(
+            "client %s has an empty test split; it reports num-examples 0", partition_id(context)
+        )
+        loss, acc = 0.0, 0.0
     metrics = MetricRecord({NUM_EXAMPLES: n, "eval_loss": loss, "eval_acc": acc})
     return Message(content=RecordDict({METRICS: metrics}), reply_to=msg)
 

@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
+from torch.utils.data import TensorDataset
 
 from fl_adapters.config import ConfigError
 from fl_adapters.flower import SUPPORTED, require_flower
 from fl_adapters.flower.config import parse_run_config
 from fl_adapters.flower.payload import make_reply, to_array_record
 from fl_adapters.flower.strategy import FedBalanceStrategy, strategy_from_run_config
+from fl_adapters.flower.trainer import evaluate_reply
 from fl_aggregators import ClientUpdate, FedLoss, FedMedian
 
 
@@ -253,3 +255,40 @@ def test_other_flower_release_is_refused_naming_both_versions(
         ImportError if installed is None else RuntimeError, match=re.escape(message)
     ):
         adapter.require_flower()
+
+
+def evaluate_round(strategy: FedBalanceStrategy, replies: list[dict[str, float]]) -> object:
+    """One evaluation round whose nodes reply ``replies`` (their metrics)."""
+    content = RecordDict({"arrays": to_array_record(model_state(0)), "config": ConfigRecord()})
+    out = []
+    for node, metrics in enumerate(replies):
+        msg = Message(content, dst_node_id=200 + node, message_type=MessageType.EVALUATE)
+        out.append(Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg))
+    return strategy.aggregate_evaluate(1, out)
+
+
+def test_a_node_without_test_data_is_left_out_of_the_evaluation_average(
+    flower_task: None,
+) -> None:
+    nan = float("nan")
+    full = {"num-examples": 30, "eval_loss": 0.9, "eval_acc": 0.6}
+    other = {"num-examples": 10, "eval_loss": 1.3, "eval_acc": 0.4}
+    none = {"num-examples": 0, "eval_loss": nan, "eval_acc": nan}  # as a third-party app may
+    metrics = evaluate_round(FedBalanceStrategy("fedavg"), [full, none, other])
+    assert metrics["eval_loss"] == pytest.approx(1.0) and metrics["eval_acc"] == pytest.approx(0.55)  # type: ignore[index]
+    # Every node without test data: no average (Flower's own would divide by zero).
+    assert evaluate_round(FedBalanceStrategy("fedavg"), [none, none]) is None
+
+
+def test_evaluate_reply_of_a_client_without_test_data_weighs_nothing(flower_task: None) -> None:
+    x, y = torch.randn(2, 4), torch.tensor([0, 1])
+    data = {"train": TensorDataset(x, y), "test": TensorDataset(x[:0], y[:0])}
+    msg = Message(
+        RecordDict({"arrays": to_array_record(model_state(0)), "config": ConfigRecord()}),
+        dst_node_id=1,
+        message_type=MessageType.EVALUATE,
+    )
+    context = Context(1, 1, {"partition-id": 0}, RecordDict(), {"seed": 0})
+    reply = evaluate_reply(msg, context, torch.nn.Linear(4, 3), data)
+    metrics = next(iter(reply.content.metric_records.values()))
+    assert dict(metrics) == {"num-examples": 0, "eval_loss": 0.0, "eval_acc": 0.0}
