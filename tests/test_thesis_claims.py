@@ -178,3 +178,20 @@ def test_readme_with_verdicts_replaces_only_the_block() -> None:
         == f"intro\n<!-- thesis-claims -->\n{tc.verdict_table(text)}\n<!-- /thesis-claims -->\noutro\n"
     )
     assert tc.readme_with_verdicts(README.read_text(), text) == README.read_text()
+
+
+def test_the_default_is_compared_on_the_seeds_the_pair_has_finished(tmp_path: Path) -> None:
+    """An unfinished grid: the fedloss pair has two seeds, fedavg one. The claims wait for
+    fedavg; the default-vs-thesis-rule table does not."""
+    thesis = tc.thesis_grid("svhn")
+    grid = {
+        s: {**aggs, "fedloss-default": shifted(thesis, s, "fedloss", -0.1)[s]["fedloss"]}
+        for s, aggs in thesis.items()
+    }
+    curves = [c for c in curves_from(grid) if not (c["aggregator"] == "fedavg" and c["seed"])]
+    text = tc.report(curves, {"local_epochs": 10, "dataset": "fmnist"}, tmp_path)
+    table = text.split("thesis's rule (fedloss), this grid", 1)[1].split("\n\n", 2)[1]
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
+    assert [r[0].strip() for r in rows] == ["iid", "label", "quantity", "feature", "mixed"]
+    assert {(r[5].strip(), r[6].strip()) for r in rows} == {("within std", "2")}
+    assert "ours, 10 ep. (1 seed)" in text  # the claims: every variant's common seeds
