@@ -35,7 +35,14 @@ from typing import Any
 from fl_adapters.checkpoint import NAME, CheckpointError, keep_recorded_rounds, resume_hint
 from fl_adapters.config import ConfigError, RunConfig, RunFailed
 from fl_adapters.flower.config import CHECKPOINT_KEY, RESUME_KEY
-from fl_adapters.processes import descendants, exit_reason, free_ports, kill_all, stop
+from fl_adapters.processes import (
+    descendants,
+    exit_reason,
+    free_ports,
+    kill_all,
+    matching,
+    stop,
+)
 
 log = logging.getLogger(__name__)
 
@@ -189,11 +196,31 @@ def run_deployment(
         for _, proc in reversed(procs):
             stop(proc)
         kill_all(helpers)
+        _sweep({proc.pid for _, proc in procs} | set(helpers), [port, *node_ports])
         for handle in handles:
             handle.close()
         dep.seconds = time.monotonic() - started
     dep.log = dep.logs["flwr run"].read_text(errors="replace")
     return dep
+
+
+def _sweep(pids: set[int], ports: list[int], seconds: float = 10.0) -> None:
+    """Kill what is left of a deployment: processes that name one of ``ports`` or a
+    ``--parent-pid`` among ``pids`` on their command line. Flower starts some helpers
+    detached (``flower-superexec``), and one was seen alive after its SuperLink or SuperNode
+    was gone, on a loaded machine; they only exit by themselves once they notice."""
+    deadline = time.monotonic() + seconds
+    while True:
+        marks = [f"{IP}:{p} " for p in ports] + [f"--parent-pid {p} " for p in sorted(pids)]
+        left = matching(marks)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            log.warning("Flower processes %s outlived their deployment", left)
+            return
+        kill_all(left)
+        pids |= set(left)  # and whatever they started
+        time.sleep(0.2)
 
 
 # -- fedbalance run ----------------------------------------------------------------------------
