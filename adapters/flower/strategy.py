@@ -349,14 +349,13 @@ class FedBalanceStrategy(FedAvg):
         # (weight 0) is left out: its NaN loss times 0 is NaN in Flower's weighted sum, and a
         # round where every node has none would divide by zero.
         replies = sorted(replies, key=_content_order)
-        empty = [m for m in replies if _weighs_nothing(m, self.weighted_by_key)]
-        if empty:
+        kept = [m for m in replies if not _weighs_nothing(m, self.weighted_by_key)]
+        if len(kept) < len(replies):
             log.info(
                 "evaluate round %s: %d node(s) without test data left out of the average",
                 server_round,
-                len(empty),
+                len(replies) - len(kept),
             )
-        kept = [m for m in replies if m not in empty]
         metrics = super().aggregate_evaluate(server_round, kept) if kept else None
         if metrics is not None:
             self.history["evaluate"][server_round] = dict(metrics)
