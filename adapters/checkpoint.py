@@ -182,11 +182,13 @@ def resume_hint(out_dir: Path) -> str:
     return f"; {path} holds round {done}: `fedbalance run --resume` continues from it"
 
 
-def keep_recorded_rounds(record: Path, done: int) -> None:
+def keep_recorded_rounds(record: Path, done: int) -> list[int]:
     """Drop the aggregation-record lines (``FEDBALANCE_RECORD``) of rounds after ``done``: a
     run stopped between its record and its checkpoint wrote one more, which the resumed run
-    writes again."""
+    writes again. Returns the rounds the record keeps."""
     if not record.is_file():
-        return
-    kept = [x for x in record.read_text().splitlines() if json.loads(x)["round"] <= done]
-    record.write_text("".join(x + "\n" for x in kept))
+        return []
+    lines = [(x, json.loads(x)["round"]) for x in record.read_text().splitlines()]
+    kept = [(x, r) for x, r in lines if r <= done]
+    record.write_text("".join(x + "\n" for x, _ in kept))
+    return [r for _, r in kept]

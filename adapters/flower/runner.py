@@ -292,12 +292,7 @@ def run_flower(
         from fl_adapters.flower import checkpoint
 
         ckpt = checkpoint.load(out_dir, checkpoint.identity(values), config.rounds, partial=True)
-        keep_recorded_rounds(record, ckpt.round)
-        rounds = (
-            [json.loads(x)["round"] for x in record.read_text().splitlines()]
-            if record.is_file()
-            else []
-        )
+        rounds = keep_recorded_rounds(record, ckpt.round)
         if rounds != list(range(1, ckpt.round + 1)):
             raise CheckpointError(
                 f"{record} does not hold the aggregation records of rounds 1..{ckpt.round} of "
