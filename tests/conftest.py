@@ -31,6 +31,11 @@ FUZZ_SCALE = 10
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The slow end-to-end runs first, each group in collection order: xdist then hands the
+    # short tests out last, and they even out the workers' ends (sent one at a time,
+    # `--maxschedchunk 1` in the Makefile). Last in file order, the longest runs used to keep
+    # one worker busy for minutes after the other had finished.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if PROFILE != "fuzz":
         return
     for item in items:
