@@ -63,7 +63,7 @@ lint: setup
 test: lint
 	@rm -f .flower-tests.rc; \
 	( $(MAKE) --no-print-directory test-flower > .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS); main=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=25 $(PYTEST_ARGS); main=$$?; \
 	wait; echo "---- Flower suite (in $(FLOWER_VENV); log: .flower-tests.log) ----"; \
 	cat .flower-tests.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \
 	echo "make test: main suite exit $$main, Flower suite exit $$flower"; \

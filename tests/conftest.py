@@ -31,11 +31,6 @@ FUZZ_SCALE = 10
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The slow end-to-end runs first, each group in collection order: xdist then hands the
-    # short tests out last, one at a time (`--maxschedchunk 1` in the Makefile), and they even
-    # out the workers' ends. In file order the longest runs came last: measured, the main suite
-    # took 17:04 while its tests summed to 13:52 per worker; slow-first, 16:12 for 15:58.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if PROFILE != "fuzz":
         return
     for item in items:
