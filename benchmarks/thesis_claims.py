@@ -246,11 +246,17 @@ def _best_in(aggs: dict[str, Summary], variant: str) -> Verdict:
     )
 
 
+def _have(grid: Grid, *scenarios: str) -> bool:
+    """Every one of ``scenarios`` was run with FedLoss and all three baselines (a grid of
+    ``--aggregators fedloss fedloss-default`` has none of them)."""
+    return all(s in grid and {"fedloss", *BASELINES} <= grid[s].keys() for s in scenarios)
+
+
 def claim_best_label_feature(grid: Grid) -> Verdict:
     """Claim 2: FedLoss is the best of the four under label skew and under feature skew."""
-    parts = [(s, _best_in(grid[s], "fedloss")) for s in ("label", "feature") if s in grid]
-    if len(parts) < 2:
-        return Verdict(OPEN, "label and feature not both run")
+    if not _have(grid, "label", "feature"):
+        return Verdict(OPEN, "label and feature not both run with all four aggregators")
+    parts = [(s, _best_in(grid[s], "fedloss")) for s in ("label", "feature")]
     return Verdict(_both([v for _, v in parts]), "; ".join(f"{s}: {v.evidence}" for s, v in parts))
 
 
@@ -258,8 +264,8 @@ def claim_quantity(grid: Grid) -> Verdict:
     """Claim 3: under quantity skew FedLoss is the weakest and least stable; FedAvg the most
     stable. Holds if FedLoss is below every baseline beyond std and the spreads order so; does
     not hold if FedLoss beats a baseline beyond std."""
-    if "quantity" not in grid:
-        return Verdict(OPEN, "quantity not run")
+    if not _have(grid, "quantity"):
+        return Verdict(OPEN, "quantity not run with all four aggregators")
     aggs = grid["quantity"]
     weakest = [compare(aggs["fedloss"], aggs[b]) for b in BASELINES]
     by_spread = sorted(("fedloss", *BASELINES), key=lambda b: aggs[b].spread)
@@ -278,8 +284,8 @@ def claim_quantity(grid: Grid) -> Verdict:
 
 def claim_homogeneous(grid: Grid) -> Verdict:
     """Claim 4: under IID data FedLoss is at least as good as FedAvgM and FedMedian."""
-    if "iid" not in grid:
-        return Verdict(OPEN, "iid not run")
+    if not _have(grid, "iid"):
+        return Verdict(OPEN, "iid not run with all four aggregators")
     aggs = grid["iid"]
     cs = [compare(aggs["fedloss"], aggs[b]) for b in ("fedavgm", "fedmedian")]
     verdict = FAILS if any(c < 0 for c in cs) else HOLDS
@@ -301,8 +307,8 @@ def jitter(accuracy: Sequence[float], rounds: Sequence[int], start: int = 10) ->
 def claim_stability(grid: Grid, curves: Sequence[dict[str, Any]]) -> Verdict:
     """Claim 5: under label skew FedLoss's curve has the smallest peaks and valleys, and its
     final std is the smallest under label and mixed skew."""
-    if not {"label", "mixed"} <= grid.keys():
-        return Verdict(OPEN, "label and mixed not both run")
+    if not _have(grid, "label", "mixed"):
+        return Verdict(OPEN, "label and mixed not both run with all four aggregators")
     four = ("fedloss", *BASELINES)
     smooth = {}
     seeds = grid["label"]["fedloss"].runs

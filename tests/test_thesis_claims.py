@@ -89,6 +89,23 @@ def test_a_fedloss_ahead_beyond_std_under_quantity_skew_fails_claim_3() -> None:
     assert tc.claim_quantity(grid).verdict == tc.FAILS
 
 
+def test_a_grid_of_the_fedloss_pair_alone_leaves_every_claim_open() -> None:
+    """`--aggregators fedloss fedloss-default` (item 3's runs) reports without the baselines;
+    it used to stop with KeyError: 'fedavg' once the pair had two seeds."""
+    thesis = tc.thesis_grid("svhn")
+    pair = {
+        s: {"fedloss": aggs["fedloss"], "fedloss-default": aggs["fedloss"]}
+        for s, aggs in thesis.items()
+    }
+    got = tc.verdicts(pair, curves_from(pair))
+    assert [v.verdict for v in got] == [tc.OPEN] * 5
+    assert got[1].evidence == "label and feature not both run with all four aggregators"
+    without_mixed_fedavg = {s: dict(aggs) for s, aggs in thesis.items()}
+    del without_mixed_fedavg["mixed"]["fedavg"]
+    assert tc.claim_stability(without_mixed_fedavg, curves_from(thesis)).verdict == tc.OPEN
+    assert tc.claim_best_label_feature(without_mixed_fedavg).evidence.startswith("label: 79.16")
+
+
 def test_a_scenario_keeps_only_the_seeds_every_variant_finished() -> None:
     curves = curves_from(tc.thesis_grid("svhn"), {"label"})
     curves = [c for c in curves if not (c["aggregator"] == "fedavg" and c["seed"] == 1)]
