@@ -206,13 +206,19 @@ def _both(verdicts: Sequence[Verdict]) -> str:
     return FAILS if FAILS in kinds else HOLDS if kinds == {HOLDS} else OPEN
 
 
+def _have(grid: Grid, *scenarios: str, variant: str = "fedloss") -> bool:
+    """Every one of ``scenarios`` was run with ``variant`` and all three baselines (a grid of
+    ``--aggregators fedloss fedloss-default`` has none of them)."""
+    return all(s in grid and {variant, *BASELINES} <= grid[s].keys() for s in scenarios)
+
+
 def margin(grid: Grid, variant: str = "fedloss") -> tuple[float, float, dict[str, float]]:
     """``variant``'s mean margin (points) over the mean of the three baselines, averaged over
     scenarios; the uncertainty of that average; and the margin per scenario."""
     per = {}
     spreads = []
     for scenario, aggs in grid.items():
-        if variant not in aggs or not all(b in aggs for b in BASELINES):
+        if not _have(grid, scenario, variant=variant):
             continue
         per[scenario] = aggs[variant].mean - statistics.mean(aggs[b].mean for b in BASELINES)
         spreads.append(max(aggs[x].spread for x in (variant, *BASELINES)))
@@ -244,12 +250,6 @@ def _best_in(aggs: dict[str, Summary], variant: str) -> Verdict:
         f"{aggs[variant].mean:.2f} ± {aggs[variant].spread:.2f}, {word} {top} "
         f"{aggs[top].mean:.2f} ± {aggs[top].spread:.2f}",
     )
-
-
-def _have(grid: Grid, *scenarios: str) -> bool:
-    """Every one of ``scenarios`` was run with FedLoss and all three baselines (a grid of
-    ``--aggregators fedloss fedloss-default`` has none of them)."""
-    return all(s in grid and {"fedloss", *BASELINES} <= grid[s].keys() for s in scenarios)
 
 
 def claim_best_label_feature(grid: Grid) -> Verdict:
