@@ -60,10 +60,13 @@ lint: setup
 # after the other. Flower's environment is built in the Flower lane, so the main suite (the longer
 # one) starts as soon as $(VENV) is ready. The Flower lane's output goes to .flower-tests.log,
 # shown when both are done; the target fails if either does.
+# --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
+# and installed-wheel runs) while the other sat idle for 280 s of a 636 s run; a worker that runs
+# out now takes half of the other's queue.
 test: lint
 	@rm -f .flower-tests.rc; \
 	( $(MAKE) --no-print-directory test-flower > .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=25 $(PYTEST_ARGS); main=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS); main=$$?; \
 	wait; echo "---- Flower suite (in $(FLOWER_VENV); log: .flower-tests.log) ----"; \
 	cat .flower-tests.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \
 	echo "make test: main suite exit $$main, Flower suite exit $$flower"; \

@@ -86,8 +86,8 @@ CPU_LOG = os.environ.get("FEDBALANCE_TEST_CPU")
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """With ``FEDBALANCE_TEST_CPU=FILE``, one JSON line per test: wall time and the CPU time of
-    the test process and of the processes it started and waited for (the 20-minute budget of
+    """With ``FEDBALANCE_TEST_CPU=FILE``, one JSON line per test: its worker, start time, wall
+    time and the CPU time of the test process and of the processes it started and waited for (the 20-minute budget of
     `make test` is CPU on two cores; wall times of parallel tests hide who spends it)."""
     if not CPU_LOG:
         yield
@@ -107,11 +107,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
         return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
+    started = time.time()
     wall, own, kids = time.monotonic(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
     busy = machine()
     yield
     line = {
         "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "started": round(started, 2),
         "wall": round(time.monotonic() - wall, 2),
         "cpu": round(cpu(resource.RUSAGE_SELF) - own, 2),
         "cpu_children": round(cpu(resource.RUSAGE_CHILDREN) - kids, 2),
