@@ -24,3 +24,26 @@ os.environ.update(
         "HF_HUB_OFFLINE": "1",
     }
 )
+
+
+# -- runs several modules read (see flower_runs.py) -------------------------------------------
+import pytest  # noqa: E402  (after the environment above, as flwr must read it first)
+from flower_runs import ASTRAEA, FEDAVGM, finished  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def fedavgm_whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted simulation run of :data:`flower_runs.FEDAVGM` (its work directory)."""
+    return finished(tmp_path_factory.mktemp("fedavgm-whole"), FEDAVGM)
+
+
+@pytest.fixture(scope="session")
+def fedavgm_first_round(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same run stopped after round 1: its checkpoint holds round 1. Tests copy from it."""
+    return finished(tmp_path_factory.mktemp("fedavgm-round1"), {**FEDAVGM, "rounds": 1})
+
+
+@pytest.fixture(scope="session")
+def astraea_whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A simulation run of :data:`flower_runs.ASTRAEA` (its work directory)."""
+    return finished(tmp_path_factory.mktemp("astraea-whole"), ASTRAEA)

@@ -8,17 +8,16 @@ training labels) and, where the main environment with FedLab exists beside this 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import yaml
+from flower_runs import ASTRAEA, finished, lines
 
 from fl_adapters.astraea import AstraeaPlanner, label_counts
 from fl_adapters.config import RunConfig
@@ -27,31 +26,19 @@ from fl_aggregators import Astraea
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN_FEDBALANCE = ROOT / ".venv" / "bin" / "fedbalance"
-# label_dirichlet: the same partition under numpy 1.26 (main venv) and 2.x (Flower's venv);
-# global_imbalance is not (see the report of #20).
-CONFIG: dict[str, Any] = {
-    "dataset": "digits",
-    "partition": {"name": "label_dirichlet", "beta": 0.5},
-    "aggregator": "astraea",
-    "aggregator_args": {"gamma": 2},
-    "num_clients": 4,
-    "clients_per_round": 3,
-    "rounds": 2,
-    "local_epochs": 1,
-    "batch_size": 32,
-    "seed": 2,
-}
+CONFIG = ASTRAEA
 pytestmark = pytest.mark.slow
 
 
-def run(python_or_cli: list[str], framework: str, tmp_path: Path) -> list[dict[str, Any]]:
-    work = tmp_path / framework
+def fedlab_standalone(tmp_path: Path) -> list[dict[str, Any]]:
+    """The aggregation record of the same config run by the main environment's FedLab."""
+    work = tmp_path / "fedlab"
     work.mkdir()
-    (work / "run.yaml").write_text(yaml.safe_dump({**CONFIG, "framework": framework}))
+    (work / "run.yaml").write_text(yaml.safe_dump({**CONFIG, "framework": "fedlab"}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FEDBALANCE_", "VIRTUAL"))}
     env["FEDBALANCE_RECORD"] = str(work / "record.jsonl")
     out = subprocess.run(
-        [*python_or_cli, "run", "run.yaml", "--out", "out", "--no-progress"],
+        [str(MAIN_FEDBALANCE), "run", "run.yaml", "--out", "out", "--no-progress"],
         cwd=work,
         env=env,
         capture_output=True,
@@ -59,10 +46,7 @@ def run(python_or_cli: list[str], framework: str, tmp_path: Path) -> list[dict[s
         timeout=400,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    # fedbalance run on Flower records to its --out directory; FedLab to FEDBALANCE_RECORD.
-    record = work / "out" / "aggregations.jsonl"
-    record = record if record.exists() else work / "record.jsonl"
-    return [json.loads(x) for x in record.read_text().splitlines()]
+    return lines(work / "record.jsonl")
 
 
 def expected_mediators(config: dict[str, Any]) -> tuple[AstraeaPlanner, list[list[list[int]]]]:
@@ -90,12 +74,14 @@ def check_rounds(record: list[dict[str, Any]], config: dict[str, Any]) -> None:
     assert any(len(m) > 1 for r in rounds for m in r)  # a real chain, not FedAvg in disguise
 
 
-def test_simulation_runs_fedlab_standalones_plan_and_mediators(tmp_path: Path) -> None:
-    flower = run([sys.executable, "-m", "fl_adapters.cli"], "flower", tmp_path)
+def test_simulation_runs_fedlab_standalones_plan_and_mediators(
+    astraea_whole: Path, tmp_path: Path
+) -> None:
+    flower = lines(astraea_whole / "out" / "aggregations.jsonl")
     check_rounds(flower, CONFIG)
     if not MAIN_FEDBALANCE.exists():
         pytest.skip(f"no main environment at {MAIN_FEDBALANCE} to run FedLab standalone")
-    fedlab = run([str(MAIN_FEDBALANCE)], "fedlab", tmp_path)
+    fedlab = fedlab_standalone(tmp_path)
     for a, b in zip(fedlab, flower, strict=True):
         assert a["mediators"] == b["mediators"] and a["num_samples"] == b["num_samples"]
         assert a["kl"] == pytest.approx(b["kl"], rel=1e-12)
@@ -106,17 +92,8 @@ def test_deployment_runs_mediator_chains_across_supernodes(tmp_path: Path) -> No
     Context.state across the processes Flower starts per message) and the chain crosses
     nodes."""
     config = {**CONFIG, "num_clients": 3, "clients_per_round": 3, "rounds": 1}
-    work = tmp_path / "deployment"
-    work.mkdir()
-    (work / "run.yaml").write_text(yaml.safe_dump({**config, "framework": "flower-deployment"}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
-    argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"]
-    out = subprocess.run(
-        [*argv, "--no-progress"], cwd=work, env=env, capture_output=True, text=True, timeout=400
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = (work / "out" / "aggregations.jsonl").read_text().splitlines()
-    record = [json.loads(x) for x in lines]
+    out = finished(tmp_path / "deployment", {**config, "framework": "flower-deployment"}) / "out"
+    record = lines(out / "aggregations.jsonl")
     check_rounds(record, config)
-    rows = [json.loads(x) for x in (work / "out" / "metrics.jsonl").read_text().splitlines()]
+    rows = lines(out / "metrics.jsonl")
     assert rows[0]["test_accuracy"] > 0 and rows[0]["mediators"] == record[0]["mediators"]

@@ -3,63 +3,32 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
-
-CONFIG = {
-    "framework": "flower",
-    "dataset": "digits",
-    "partition": {"name": "mixed"},
-    "aggregator": "fedloss",
-    "aggregator_args": {"peer_clip": None},
-    "num_clients": 3,
-    "clients_per_round": 2,
-    "rounds": 1,
-    "local_epochs": 1,
-    "batch_size": 32,
-    "seed": 5,
-}
-
-
-def fedbalance(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "fl_adapters.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+from flower_runs import FEDAVGM, fedbalance, lines
 
 
 @pytest.mark.slow
-def test_fedbalance_run_on_flower_writes_metrics_and_summary(tmp_path: Path) -> None:
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(CONFIG))
-    out = fedbalance("run", "run.yaml", "--out", "out", "--no-progress", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(x) for x in (tmp_path / "out/metrics.jsonl").read_text().splitlines()]
+def test_fedbalance_run_on_flower_writes_metrics_and_summary(
+    fedavgm_first_round: Path, fedavgm_whole: Path
+) -> None:
+    out = fedavgm_first_round / "out"
+    rows = lines(out / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1]
     for row in rows:
         assert len(row["clients"]) == 2 and set(row["clients"]) <= {0, 1, 2}
         assert sum(row["weights"]) == pytest.approx(1.0) and row["rejected"] == 0
         assert 0.0 <= row["test_accuracy"] <= 1.0 and row["test_loss"] > 0
-    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 1 and summary["config"]["framework"] == "flower"
     assert summary["final_accuracy"] == rows[-1]["test_accuracy"] and summary["elapsed_s"] > 0
-    record = [json.loads(x) for x in (tmp_path / "out/aggregations.jsonl").read_text().splitlines()]
-    assert {e["host"] for e in record} == {"flower"}
-    # Seeded sampling: the clients drawn are the run's, not the global RNG's.
-    again = fedbalance("run", "run.yaml", "--out", "again", "--no-progress", cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert (tmp_path / "again/metrics.jsonl").read_text() == (
-        tmp_path / "out/metrics.jsonl"
-    ).read_text()
+    assert {e["host"] for e in lines(out / "aggregations.jsonl")} == {"flower"}
+    # Seeded sampling: the clients drawn are the run's, not the global RNG's, so the longer run
+    # of the same config (another process) began with the same round.
+    longer = lines(fedavgm_whole / "out" / "metrics.jsonl")
+    assert len(longer) == FEDAVGM["rounds"] > 1 and longer[0] == rows[0]
 
 
 @pytest.mark.parametrize(
@@ -73,8 +42,8 @@ def test_fedbalance_run_on_flower_writes_metrics_and_summary(tmp_path: Path) -> 
 def test_fedbalance_run_on_flower_refuses_what_it_cannot_run(
     tmp_path: Path, change: dict[str, object], message: str
 ) -> None:
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump({**CONFIG, **change}))
-    out = fedbalance("run", "run.yaml", "--out", "out", cwd=tmp_path)
+    out = fedbalance(tmp_path, {**FEDAVGM, **change})
+    assert isinstance(out, subprocess.CompletedProcess)
     assert out.returncode == 2 and message in out.stderr
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 

@@ -1,7 +1,7 @@
 """Checkpoints and ``fedbalance run --resume`` on Flower, with real Flower runs.
 
-* Simulation engine: a 1-round run continued to 3 ends on the model, metrics and aggregation
-  record of an uninterrupted 3-round run, bit for bit (FedAvgM, whose momentum is aggregator
+* Simulation engine: a 1-round run continued to 2 ends on the model, metrics and aggregation
+  record of an uninterrupted 2-round run, bit for bit (FedAvgM, whose momentum is aggregator
   state, and 2 of 3 clients a round, so the seeded sampler's state matters too); Astraea, which
   plans again on resume and must find the checkpoint's plan and the same mediators.
 * Deployment engine: a SuperNode killed mid-run stops every process; the message names it and
@@ -11,92 +11,34 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import yaml
+from flower_runs import ASTRAEA, FEDAVGM, assert_same_run, fedbalance, outcome
 
 from fl_adapters.checkpoint import Checkpoint, CheckpointError
 from fl_adapters.config import ConfigError
 from fl_adapters.flower import checkpoint
 from fl_adapters.flower.config import parse_run_config
 
-CONFIG: dict[str, Any] = {
-    "framework": "flower",
-    "dataset": "digits",
-    "partition": {"name": "label_dirichlet", "beta": 0.5},
-    "aggregator": "fedavgm",
-    "aggregator_args": {"beta": 0.9},
-    "num_clients": 3,
-    "clients_per_round": 2,
-    "rounds": 3,
-    "local_epochs": 1,
-    "batch_size": 32,
-    "seed": 7,
-}
-
-
-def fedbalance(
-    work: Path, config: dict[str, Any], *args: str, wait: bool = True
-) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
-    """``fedbalance run`` of ``config`` in ``work`` (output in ``work/out``)."""
-    (work / "run.yaml").write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
-    argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out", *args]
-    if not wait:
-        return subprocess.Popen(
-            argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-    return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=400)
-
-
-def outcome(out: Path) -> dict[str, Any]:
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    record = [json.loads(x) for x in (out / "aggregations.jsonl").read_text().splitlines()]
-    for entry in record:
-        entry.pop("elapsed_s", None)  # wall time: not part of the result
-    return {
-        "model": torch.load(out / "app" / "final.pt"),
-        "rows": rows,
-        "record": record,
-        "summary": json.loads((out / "app" / "summary.json").read_text()),
-    }
-
-
-def assert_same_run(resumed: dict[str, Any], whole: dict[str, Any]) -> None:
-    assert resumed["model"].keys() == whole["model"].keys()
-    for key, value in whole["model"].items():
-        assert torch.equal(resumed["model"][key], value), key
-    assert resumed["rows"] == whole["rows"]
-    assert resumed["record"] == whole["record"]
-    assert resumed["summary"] == whole["summary"]
+CONFIG = FEDAVGM
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    work = tmp_path_factory.mktemp("whole")
-    done = fedbalance(work, CONFIG, "--no-progress")
-    assert isinstance(done, subprocess.CompletedProcess)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return outcome(work / "out")
+def uninterrupted(fedavgm_whole: Path) -> dict[str, Any]:
+    return outcome(fedavgm_whole / "out")
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def stopped(fedavgm_first_round: Path) -> Path:
     """A simulation run of the first round (its checkpoint holds round 1)."""
-    work = tmp_path_factory.mktemp("stopped")
-    done = fedbalance(work, {**CONFIG, "rounds": 1}, "--no-progress")
-    assert isinstance(done, subprocess.CompletedProcess)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return work
+    return fedavgm_first_round
 
 
 @pytest.mark.slow
@@ -115,7 +57,7 @@ def test_simulation_resume_ends_on_the_uninterrupted_run(
     assert isinstance(done, subprocess.CompletedProcess)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_run(outcome(work / "out"), uninterrupted)
-    assert Checkpoint.load(work / "out" / "checkpoint.pt").round == 3
+    assert Checkpoint.load(work / "out" / "checkpoint.pt").round == CONFIG["rounds"]
 
 
 @pytest.mark.slow
@@ -231,27 +173,18 @@ def test_a_killed_supernode_stops_the_deployment_and_resume_finishes_it(
 
 
 @pytest.mark.slow
-def test_astraea_resume_replans_the_same_plan_and_ends_on_the_same_model(tmp_path: Path) -> None:
-    config = {
-        **CONFIG,
-        "partition": {"name": "label_dirichlet", "beta": 0.5},
-        "aggregator": "astraea",
-        "aggregator_args": {"gamma": 2},
-        "num_clients": 4,
-        "clients_per_round": 3,
-        "rounds": 2,
-    }
-    whole, part = tmp_path / "whole", tmp_path / "part"
-    for work, rounds in ((whole, 2), (part, 1)):
-        work.mkdir()
-        done = fedbalance(work, {**config, "rounds": rounds}, "--no-progress")
-        assert isinstance(done, subprocess.CompletedProcess)
-        assert done.returncode == 0, done.stderr[-3000:]
+def test_astraea_resume_replans_the_same_plan_and_ends_on_the_same_model(
+    astraea_whole: Path, tmp_path: Path
+) -> None:
+    part = tmp_path / "part"
+    done = fedbalance(part, {**ASTRAEA, "rounds": 1}, "--no-progress")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 0, done.stderr[-3000:]
     ckpt = Checkpoint.load(part / "out" / "checkpoint.pt")
     assert ckpt.round == 1 and ckpt.plan is not None
-    resumed = fedbalance(part, config, "--no-progress", "--resume")
+    resumed = fedbalance(part, ASTRAEA, "--no-progress", "--resume")
     assert isinstance(resumed, subprocess.CompletedProcess)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    got, want = outcome(part / "out"), outcome(whole / "out")
+    got, want = outcome(part / "out"), outcome(astraea_whole / "out")
     assert [e["mediators"] for e in got["record"]] == [e["mediators"] for e in want["record"]]
     assert_same_run(got, want)
