@@ -26,6 +26,19 @@ def fedloss_weights(losses: list[float], clip: float = 5.0, peer: float = 1.0) -
     return [x / sum(bounded) for x in bounded]
 
 
+def check_fedloss_records(lines: list[dict[str, Any]], host: str, rounds: int) -> None:
+    """A FedML run's aggregation record: rounds 1..``rounds``, two clients a round, each
+    weighted by FedLoss's default rule from the validation loss it sent."""
+    import pytest
+
+    assert [r["round"] for r in lines] == list(range(1, rounds + 1)), lines
+    for r in lines:
+        assert r["host"] == host and r["aggregator"] == "fedloss" and r["rejected"] == []
+        losses = [m["val_loss"] for m in r["metrics"]]
+        assert len(losses) == 2 and all(x > 0 for x in losses)
+        assert r["weights"] == pytest.approx(fedloss_weights(losses))
+
+
 def digits_run(defaults: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
     """A small FedLab run on scikit-learn's digits (fast enough for CI): one local epoch of
     batches of 32, then a test module's ``defaults``, then one test's ``overrides``."""

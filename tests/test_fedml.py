@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import fedloss_weights, records
+from helpers import check_fedloss_records, records
 
 pytest.importorskip("fedml")
 
@@ -57,15 +57,6 @@ def run_host(
     )
 
 
-def check_fedloss_records(lines: list[dict], host: str, rounds: int) -> None:
-    assert [r["round"] for r in lines] == list(range(1, rounds + 1)), lines
-    for r in lines:
-        assert r["host"] == host and r["aggregator"] == "fedloss" and r["rejected"] == []
-        losses = [m["val_loss"] for m in r["metrics"]]
-        assert len(losses) == 2 and all(x > 0 for x in losses)
-        assert r["weights"] == pytest.approx(fedloss_weights(losses))
-
-
 def final_test_metrics(out: str) -> list[str]:
     return re.findall(r"\{'test_acc': [^}]*\}", out)
 
@@ -85,17 +76,6 @@ def test_mpi_simulation_aggregates_with_fedloss(tmp_path: Path) -> None:
     out = run_host(tmp_path, config(tmp_path, "mpi.yaml"), processes=3, FEDBALANCE_RECORD=str(rec))
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     check_fedloss_records(records(rec), "fedml-mpi", rounds=2)
-
-
-@pytest.mark.slow
-@needs_mpi
-def test_mpi_cross_silo_aggregates_with_fedloss(tmp_path: Path) -> None:
-    rec = tmp_path / "rec.jsonl"
-    out = run_host(
-        tmp_path, config(tmp_path, "cross_silo.yaml"), processes=3, FEDBALANCE_RECORD=str(rec)
-    )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    check_fedloss_records(records(rec), "fedml-cross-silo", rounds=2)
 
 
 @pytest.mark.slow
@@ -154,37 +134,6 @@ def test_payload_keys_survive_and_are_stripped() -> None:
     assert list(clean) == ["w", "n"] and client == 7 and loss == 0.25
     torch.nn.Module().load_state_dict({}, strict=True)  # the clean dict has no reserved key left
     assert all(not k.startswith("__fedbalance") for k in clean)
-
-
-@pytest.mark.slow
-@needs_mpi
-def test_fedbalance_run_launches_fedml_mpi_with_the_right_process_count(tmp_path: Path) -> None:
-    from fl_adapters.cli import main
-
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "framework": "fedml-mpi",
-                "dataset": "fmnist",
-                "max_samples": 2000,
-                "partition": {"name": "mixed"},
-                "aggregator": "fedloss",
-                "num_clients": 6,
-                "clients_per_round": 2,
-                "rounds": 2,
-                "local_epochs": 1,
-            }
-        )
-    )
-    assert main(["run", str(cfg), "--out", str(tmp_path / "out")]) == 0
-    fedml_cfg = yaml.safe_load((tmp_path / "out" / "fedml.yaml").read_text())
-    assert (
-        fedml_cfg["comm_args"]["backend"] == "MPI" and fedml_cfg["device_args"]["worker_num"] == 2
-    )
-    check_fedloss_records(records(tmp_path / "out" / "aggregations.jsonl"), "fedml-mpi", rounds=2)
-    metrics = records(tmp_path / "out" / "metrics.jsonl")
-    assert [m["round"] for m in metrics] == [1, 2]
 
 
 def make_fake_cifar10(

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import records
-from test_fedml import EXAMPLE, MPIRUN, check_fedloss_records, config, final_test_metrics
+from helpers import check_fedloss_records, records
+from test_fedml import EXAMPLE, MPIRUN, config, final_test_metrics
 
 pytest.importorskip("fedml")
 pytest.importorskip("grpc")
@@ -155,47 +155,6 @@ def test_grpc_astraea_matches_the_mpi_cross_silo_run(tmp_path: Path, started: li
     got, want = torch.load(grpc_dir / "final.pt"), torch.load(mpi_dir / "final.pt")
     assert list(got) == list(want)
     assert all(torch.equal(got[k], want[k]) for k in want)
-
-
-def fedbalance_run_config(tmp_path: Path, **extra: object) -> Path:
-    cfg = tmp_path / "run.yaml"
-    doc = {
-        "framework": "fedml-cross-silo",
-        "backend": "grpc",
-        "dataset": "fmnist",
-        "max_samples": 2000,
-        "partition": {"name": "mixed"},
-        "aggregator": "fedloss",
-        "num_clients": 6,
-        "clients_per_round": 2,
-        "rounds": 2,
-        "local_epochs": 1,
-    } | extra
-    cfg.write_text(yaml.safe_dump(doc))
-    return cfg
-
-
-@pytest.mark.slow
-def test_fedbalance_run_launches_grpc_cross_silo_as_separate_processes(tmp_path: Path) -> None:
-    from fl_adapters.cli import main
-
-    out = tmp_path / "out"
-    assert main(["run", str(fedbalance_run_config(tmp_path)), "--out", str(out)]) == 0
-    fedml_cfg = yaml.safe_load((out / "fedml.yaml").read_text())
-    assert fedml_cfg["comm_args"]["backend"] == "GRPC"
-    assert fedml_cfg["device_args"]["worker_num"] == 2
-    ipconfig = Path(fedml_cfg["comm_args"]["grpc_ipconfig_path"]).read_text().splitlines()
-    assert ipconfig[0] == "eid,rank,grpc_server_ip,grpc_server_port"
-    assert [row.split(",")[:3] for row in ipconfig[1:]] == [
-        [str(r), str(r), "127.0.0.1"] for r in range(3)
-    ]
-    check_fedloss_records(records(out / "aggregations.jsonl"), "fedml-cross-silo", rounds=2)
-    metrics = records(out / "metrics.jsonl")
-    assert [m["round"] for m in metrics] == [1, 2]
-    assert all(0 <= m["test_accuracy"] <= 1 for m in metrics)  # from the server's log
-    assert (out / "fedml-rank1.log").exists() and (out / "fedml-rank2.log").exists()
-    summary = (out / "summary.json").read_text()
-    assert '"rounds": 2' in summary and '"backend": "grpc"' in summary
 
 
 @pytest.mark.slow
@@ -342,7 +301,8 @@ def test_a_silo_never_started_stops_the_server_before_round_1(
     # One process too few: stock FedML's server would wait for silo 2 forever.
     cfg = grpc_config(tmp_path)
     doc = yaml.safe_load(cfg.read_text())
-    doc["comm_args"]["grpc_server_wait"] = 10
+    # Short: FedML's processes poll while they wait (both cores busy for the whole wait).
+    doc["comm_args"]["grpc_server_wait"] = 4
     cfg.write_text(yaml.safe_dump(doc))
     procs = launch(started, tmp_path, cfg, [0, 1])
     procs[0].wait(timeout=180)
@@ -351,7 +311,7 @@ def test_a_silo_never_started_stops_the_server_before_round_1(
     ipconfig = tmp_path / "grpc_ipconfig.csv"
     assert re.search(
         rf"silo rank\(s\) \[(1, )?2\] of {re.escape(str(ipconfig))} did not come online "
-        r"within 10 s",
+        r"within 4 s",
         log,
     ), log[-3000:]
     assert "Communication round" not in log and "test_acc" not in log

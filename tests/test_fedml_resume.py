@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from helpers import records
+from helpers import check_fedloss_records, records
 
 from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError
 from fl_adapters.config import RunConfig
@@ -210,6 +210,24 @@ def check_killed_and_resumed(got: dict[str, Any], out: Path, rounds: int) -> Non
     assert Checkpoint.load(out / NAME).round == rounds
 
 
+def check_launched(out: Path, host: str, backend: str, rounds: int) -> None:
+    """What ``fedbalance run`` wrote for FedML and launched: the backend, worker_num + 1
+    processes (FedML refuses to start with any other count), and FedLoss's weights from every
+    round's validation losses, the killed run's rounds and the resumed ones alike."""
+    fedml_cfg = yaml.safe_load((out / "fedml.yaml").read_text())
+    assert fedml_cfg["comm_args"]["backend"] == backend
+    assert fedml_cfg["device_args"]["worker_num"] == 2
+    check_fedloss_records(records(out / "aggregations.jsonl"), host, rounds)
+    if backend == "GRPC":  # one row per process, each its own port on 127.0.0.1
+        ipconfig = Path(fedml_cfg["comm_args"]["grpc_ipconfig_path"]).read_text().splitlines()
+        assert ipconfig[0] == "eid,rank,grpc_server_ip,grpc_server_port"
+        assert [row.split(",")[:3] for row in ipconfig[1:]] == [
+            [str(r), str(r), "127.0.0.1"] for r in range(3)
+        ]
+        assert (out / "fedml-rank1.log").exists() and (out / "fedml-rank2.log").exists()
+        assert '"backend": "grpc"' in (out / "summary.json").read_text()
+
+
 @pytest.mark.slow
 @needs_mpi
 @pytest.mark.parametrize(
@@ -227,6 +245,7 @@ def test_a_killed_mpi_rank_names_itself_and_the_run_resumes(
     got = fedml_kill_and_resume(out, config, rank=rank, more_rounds=1)
     assert f"process rank {rank} exited on signal 9" in got["error"], got
     check_killed_and_resumed(got, out, got["checkpoint_round"] + 1)
+    check_launched(out, framework, "MPI", got["checkpoint_round"] + 1)
 
 
 @pytest.mark.slow
@@ -248,4 +267,5 @@ def test_a_killed_grpc_process_names_itself_and_the_run_resumes(
     assert "of 50; every other process was stopped" in got["error"], got
     assert str(out / log) in got["error"], got
     check_killed_and_resumed(got, out, got["checkpoint_round"] + 1)
+    check_launched(out, "fedml-cross-silo", "GRPC", got["checkpoint_round"] + 1)
     assert (out / f"{log}.1").exists()  # the killed process's log is kept
