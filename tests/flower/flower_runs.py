@@ -37,16 +37,11 @@ FEDAVGM: dict[str, Any] = {
 #: Astraea with mediators of two (gamma 2) over 3 of 4 clients. label_dirichlet gives the same
 #: partition under numpy 1.26 (main venv) and 2.x (Flower's venv); global_imbalance does not.
 ASTRAEA: dict[str, Any] = {
-    "framework": "flower",
-    "dataset": "digits",
-    "partition": {"name": "label_dirichlet", "beta": 0.5},
+    **FEDAVGM,
     "aggregator": "astraea",
     "aggregator_args": {"gamma": 2},
     "num_clients": 4,
     "clients_per_round": 3,
-    "rounds": 2,
-    "local_epochs": 1,
-    "batch_size": 32,
     "seed": 2,
 }
 
