@@ -65,6 +65,9 @@ def test_the_thesis_figures_under_the_rule() -> None:
     m, _, per = tc.margin(cifar)
     assert m == pytest.approx(-0.07, abs=0.01) and per["quantity"] == pytest.approx(-7.90, abs=0.01)
     assert tc.claim_margin(svhn).verdict == tc.HOLDS
+    # Without FedAvgM: SVHN's label row is 79.16 - mean(74.40, 75.72) = +4.10.
+    _, _, calm = tc.margin(svhn, baselines=("fedavg", "fedmedian"))
+    assert calm["label"] == pytest.approx(4.10, abs=0.01)
     assert tc.claim_quantity(cifar).verdict == tc.OPEN
     assert tc.claim_homogeneous(svhn).verdict == tc.HOLDS
     assert tc.thesis_claim_stability(cifar).verdict == tc.HOLDS
