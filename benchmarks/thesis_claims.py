@@ -448,16 +448,11 @@ def report(curves: list[dict[str, Any]], opts: dict[str, Any], out_dir: Path) ->
     scenarios = [s for s in SCENARIOS.values()]
     margins = [margin(grid) for _, grid, _ in columns]
     m_rows = [[s, *(f"{m[2][s]:+.2f}" if s in m[2] else "-" for m in margins)] for s in scenarios]
-    m_rows.append(["mean", *(f"{m[0]:+.2f} ± {m[1]:.2f}" if m[2] else "-" for m in margins)])
     # FedAvgM's momentum is not stated in the thesis, and ours (the library default) can diverge
     # at 10 local epochs, which alone would make FedLoss look several points better.
     calm = [margin(grid, baselines=("fedavg", "fedmedian")) for _, grid, _ in columns]
-    m_rows.append(
-        [
-            "mean, FedAvg and FedMedian only",
-            *(f"{m[0]:+.2f} ± {m[1]:.2f}" if m[2] else "-" for m in calm),
-        ]
-    )
+    for name, ms in (("mean", margins), ("mean, FedAvg and FedMedian only", calm)):
+        m_rows.append([name, *(f"{m[0]:+.2f} ± {m[1]:.2f}" if m[2] else "-" for m in ms)])
     out += [
         "FedLoss (thesis rule) minus the mean of FedAvg, FedAvgM and FedMedian, points, per"
         " scenario (mean accuracy over rounds 10-50); the last row leaves FedAvgM out, whose"

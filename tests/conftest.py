@@ -87,8 +87,9 @@ CPU_LOG = os.environ.get("FEDBALANCE_TEST_CPU")
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """With ``FEDBALANCE_TEST_CPU=FILE``, one JSON line per test: its worker, start time, wall
-    time and the CPU time of the test process and of the processes it started and waited for (the 20-minute budget of
-    `make test` is CPU on two cores; wall times of parallel tests hide who spends it)."""
+    time and the CPU time of the test process and of the processes it started and waited for
+    (the 20-minute budget of `make test` is CPU on two cores; wall times of parallel tests hide
+    who spends it)."""
     if not CPU_LOG:
         yield
         return
