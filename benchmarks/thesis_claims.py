@@ -397,6 +397,26 @@ def default_vs_thesis_rule(grid: Grid) -> list[list[str]]:
     return rows
 
 
+def default_decision(rows: list[list[str]]) -> str:
+    """What the default-vs-thesis-rule rows decide: the library keeps ``peer_clip: 1`` unless
+    it costs beyond one std in some scenario (issue #19's rule)."""
+    costly = [r[0] for r in rows if r[5] == "costs beyond std"]
+    open_ = [r[0] for r in rows if r[5].startswith("too few")]
+    if costly:
+        return (
+            f"The default costs more than one std under {', '.join(costly)}: it should change"
+            " to a peer bound that bites only beyond a margin."
+        )
+    if open_:
+        return f"Not decided yet: too few seeds under {', '.join(open_)}."
+    worst = min(rows, key=lambda r: float(r[3]))
+    return (
+        "The default costs no more than one std in any scenario (its largest loss:"
+        f" {worst[3]} points under {worst[0]}, on {worst[6]} seeds), so `peer_clip: 1` stays"
+        " the default."
+    )
+
+
 def _grid_seeds(grid: Grid) -> str:
     """``3 seeds``, or ``1-3 seeds`` where scenarios have finished different numbers."""
     seeds = sorted({s.runs for aggs in grid.values() for s in aggs.values()}) or [0]
@@ -478,6 +498,7 @@ def report(curves: list[dict[str, Any]], opts: dict[str, Any], out_dir: Path) ->
                 ],
                 d_rows,
             ),
+            default_decision(d_rows),
         ]
     out.append(
         "What differs from the thesis's setting: the dataset (Fashion-MNIST; SVHN and CIFAR-10"
@@ -499,11 +520,21 @@ def verdict_table(report_md: str) -> str:
     return "\n".join(lines[start:end])
 
 
+def readme_block(report_md: str) -> str:
+    """What the README shows of a report: the verdict table, then the library default against
+    the thesis's rule (its lead-in, table and decision) when the report has it."""
+    lead = "FedLoss with the library's default bounds (fedloss-default) against"
+    if lead not in report_md:
+        return verdict_table(report_md)
+    default = report_md[report_md.index(lead) :].split("\n\n")[:3]
+    return "\n\n".join([verdict_table(report_md), *default])
+
+
 BEGIN, END = "<!-- thesis-claims -->\n", "<!-- /thesis-claims -->"
 
 
 def readme_with_verdicts(readme: str, report_md: str) -> str:
-    """``readme`` with the block between its thesis-claims markers set to the report's verdict
-    table (``fedbalance bench thesis ... --readme README.md`` writes it)."""
+    """``readme`` with the block between its thesis-claims markers set to the report's
+    ``readme_block`` (``fedbalance bench thesis ... --readme README.md`` writes it)."""
     start = readme.index(BEGIN) + len(BEGIN)
-    return readme[:start] + verdict_table(report_md) + "\n" + readme[readme.index(END) :]
+    return readme[:start] + readme_block(report_md) + "\n" + readme[readme.index(END) :]

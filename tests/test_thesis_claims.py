@@ -142,6 +142,24 @@ def test_report_sets_each_claim_against_the_thesis(tmp_path: Path) -> None:
     rows = tc.default_vs_thesis_rule(tc.our_grid(curves))
     assert [r[0] for r in rows] == ["iid", "label", "quantity", "feature", "mixed"]
     assert all(r[3] == "-0.10" and r[5] == "within std" for r in rows)
+    assert tc.default_decision(rows) in text
+    assert "largest loss: -0.10 points under iid, on 2 seeds), so `peer_clip: 1` stays" in text
+
+
+def test_a_default_costing_beyond_std_anywhere_must_change() -> None:
+    thesis = tc.thesis_grid("svhn")
+    grid = {
+        s: {
+            "fedloss": aggs["fedloss"],
+            "fedloss-default": shifted(thesis, s, "fedloss", -10.0 if s == "label" else 0.0)[s][
+                "fedloss"
+            ],
+        }
+        for s, aggs in thesis.items()
+    }
+    rows = tc.default_vs_thesis_rule(tc.our_grid(curves_from(grid)))
+    assert [r[5] for r in rows].count("costs beyond std") == 1
+    assert tc.default_decision(rows).startswith("The default costs more than one std under label:")
 
 
 def test_one_seed_gives_no_verdict() -> None:
@@ -152,6 +170,7 @@ def test_one_seed_gives_no_verdict() -> None:
     ]
     rows = tc.default_vs_thesis_rule(tc.our_grid(curves + with_default))
     assert rows and {r[5] for r in rows} == {"too few seeds (1)"}
+    assert tc.default_decision(rows).startswith("Not decided yet: too few seeds under iid,")
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -186,7 +205,9 @@ def test_the_readme_shows_the_reports_verdicts() -> None:
     _, text = committed_e10()
     readme = README.read_text()
     block = readme.split("<!-- thesis-claims -->\n", 1)[1].split("\n<!-- /thesis-claims -->", 1)[0]
-    assert block == tc.verdict_table(text)
+    assert block == tc.readme_block(text)
+    assert block.startswith(tc.verdict_table(text))
+    assert "so `peer_clip: 1` stays the default" in block  # item 3, decided by the grid
 
 
 def test_readme_with_verdicts_replaces_only_the_block() -> None:
@@ -195,7 +216,7 @@ def test_readme_with_verdicts_replaces_only_the_block() -> None:
     fresh = tc.readme_with_verdicts(stale, text)
     assert (
         fresh
-        == f"intro\n<!-- thesis-claims -->\n{tc.verdict_table(text)}\n<!-- /thesis-claims -->\noutro\n"
+        == f"intro\n<!-- thesis-claims -->\n{tc.readme_block(text)}\n<!-- /thesis-claims -->\noutro\n"
     )
     assert tc.readme_with_verdicts(README.read_text(), text) == README.read_text()
 
