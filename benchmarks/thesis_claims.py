@@ -410,10 +410,14 @@ def default_decision(rows: list[list[str]]) -> str:
     if open_:
         return f"Not decided yet: too few seeds under {', '.join(open_)}."
     worst = min(rows, key=lambda r: float(r[3]))
+    cost = (
+        f"its largest loss: {worst[3]} points under {worst[0]}"
+        if float(worst[3]) < 0
+        else "it is behind the thesis's rule in no scenario"
+    )
     return (
-        "The default costs no more than one std in any scenario (its largest loss:"
-        f" {worst[3]} points under {worst[0]}, on {worst[6]} seeds), so `peer_clip: 1` stays"
-        " the default."
+        f"The default costs no more than one std in any scenario ({cost}, on"
+        f" {min(int(r[6]) for r in rows)} seeds), so `peer_clip: 1` stays the default."
     )
 
 

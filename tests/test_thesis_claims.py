@@ -160,6 +160,10 @@ def test_a_default_costing_beyond_std_anywhere_must_change() -> None:
     rows = tc.default_vs_thesis_rule(tc.our_grid(curves_from(grid)))
     assert [r[5] for r in rows].count("costs beyond std") == 1
     assert tc.default_decision(rows).startswith("The default costs more than one std under label:")
+    ahead = [[*r[:3], "+0.20", *r[4:5], "within std", r[6]] for r in rows]
+    assert "(it is behind the thesis's rule in no scenario, on 2 seeds)" in tc.default_decision(
+        ahead
+    )
 
 
 def test_one_seed_gives_no_verdict() -> None:
