@@ -26,6 +26,10 @@ run's final accuracy beyond its std for FedAvg and FedLoss-n; FedAvgM's moved 3.
 the 1 % of rounds it touched, so FedAvgM (and Astraea, whose ``n_m`` has its own bound) keep
 it off unless asked.
 It needs three or more clients a round.
+
+Every bound notes whom it touched: a round's result (and aggregation record) carries
+``bounded``, the ids of the clients whose reported count or loss a bound lowered, whenever
+there are any, so a benchmark can say in which rounds its bounds changed a weight.
 """
 
 from __future__ import annotations
@@ -76,6 +80,16 @@ class FedAvg(Aggregator):
         self.update_clip = check_clip(update_clip, "update_clip")
         self.sample_clip = check_clip(sample_clip, "sample_clip")
         self._scales: list[float] | None = None
+        self._bounded: list[Any] = []  # clients a bound touched in this round's combine
+
+    def note_bounded(
+        self, updates: Sequence[ClientUpdate], before: torch.Tensor, after: torch.Tensor
+    ) -> None:
+        """Remember the clients whose value a bound lowered (``after < before``)."""
+        for i in torch.nonzero(after < before).flatten().tolist():
+            who = updates[i].client_id if updates[i].client_id is not None else i
+            if who not in self._bounded:
+                self._bounded.append(who)
 
     def bounded_counts(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         """Reported sample counts (float64); under ``sample_clip`` a round's top count beyond
@@ -90,6 +104,7 @@ class FedAvg(Aggregator):
         if counts[i] > self.sample_clip * runner_up:
             bounded = counts.clone()
             bounded[i] = runner_up
+            self.note_bounded(updates, counts, bounded)
             who = updates[i].client_id if updates[i].client_id is not None else f"#{i}"
             log.warning(
                 "%s: client %s reported num_samples %d, more than sample_clip=%g x the "
@@ -114,6 +129,7 @@ class FedAvg(Aggregator):
         updates: Sequence[ClientUpdate],
         client_tensors: list[list[torch.Tensor]],
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        self._bounded = []  # a retried combine (after rejecting a client) notes afresh
         w = self.client_weights(updates)
         return self.average(global_tensors, client_tensors, w), w
 
@@ -137,4 +153,6 @@ class FedAvg(Aggregator):
         extra = super()._take_extra()
         if self._scales is not None:
             extra["update_scale"], self._scales = self._scales, None
+        if self._bounded:
+            extra["bounded"], self._bounded = self._bounded, []
         return extra

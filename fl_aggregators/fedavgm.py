@@ -55,6 +55,7 @@ class FedAvgM(FedAvg):
         updates: Sequence[ClientUpdate],
         client_tensors: list[list[torch.Tensor]],
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        self._bounded = []
         w = self.client_weights(updates)
         out, velocity = [], []
         averages = self.average(global_tensors, client_tensors, w)

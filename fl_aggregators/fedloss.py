@@ -17,10 +17,11 @@ over the model by reporting a huge one. Two bounds apply before normalising:
   the runner-up's. Measured from the recorded weights of the thesis grid
   (``benchmarks/results/thesis_fmnist.md``, 5 clients a round), the top/runner-up loss ratio
   averages 1.10 (IID) to 1.26 (quantity skew), so the top client loses about 0.02-0.05 of
-  weight to the others. ``peer_clip=None`` keeps the thesis's weights exactly (the thesis
-  benchmark runs that way).
+  weight to the others.
 
-``loss_clip=None, peer_clip=None`` restores the unbounded rule. A loss of 0 gives weight 0;
+``loss_clip=None, peer_clip=None`` is the thesis's rule exactly, unbounded (the thesis
+benchmark's ``fedloss`` runs that way; ``fedloss-default`` runs these defaults beside it, and
+each run's record lists the rounds in which a bound changed a weight). A loss of 0 gives weight 0;
 if every loss is 0 the round falls back to FedAvg weights. A reported loss of 0 or close to
 it only lowers the reporter's own weight, so deflation cannot starve the others.
 """
@@ -62,6 +63,7 @@ class FedLoss(FedAvg):
         """Reported losses under ``loss_clip`` (and ``peer_clip`` unless ``peer=False``)."""
         losses = torch.tensor([float(u.metrics[METRIC]) for u in updates], dtype=torch.float64)
         bounded = bound_losses(losses, self.loss_clip, self.peer_clip if peer else None)
+        self.note_bounded(updates, losses, bounded)
         for i, (before, after) in enumerate(zip(losses.tolist(), bounded.tolist(), strict=True)):
             if after < before:
                 who = updates[i].client_id if updates[i].client_id is not None else f"#{i}"

@@ -54,9 +54,9 @@ class FedLossN(FedLoss):
         sizes = self.bounded_counts(updates)
         fedavg = FedAvg.client_weights(self, updates)
         if self.size_aware:  # the peer bound applies to what is weighted: n_i * l_i
-            scores = bound_losses(
-                self.bounded_losses(updates, peer=False) * sizes, None, self.peer_clip
-            )
+            raw = self.bounded_losses(updates, peer=False) * sizes
+            scores = bound_losses(raw, None, self.peer_clip)
+            self.note_bounded(updates, raw, scores)
         else:
             scores = self.bounded_losses(updates)
         loss_w = normalize(scores) if scores.sum() > 0 else fedavg

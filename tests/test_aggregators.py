@@ -448,3 +448,22 @@ def test_sample_clip_bounds_fedloss_n_counts_before_scoring() -> None:
 def test_sample_clip_must_be_at_least_one(value: object) -> None:
     with pytest.raises(ValueError, match="sample_clip must be None or a finite float >= 1, got"):
         FedAvg(sample_clip=value)  # type: ignore[arg-type]
+
+
+def test_a_round_names_the_clients_whose_value_a_bound_lowered() -> None:
+    """What a benchmark record's ``bounded_rounds`` is made of: ``bounded`` lists the clients a
+    bound touched, and is absent when none was (the thesis's unbounded rule never has it)."""
+    assert FedLoss().aggregate(torch.zeros(2), three_clients()).extra["bounded"] == ["c2"]
+    unbounded = FedLoss(loss_clip=None, peer_clip=None).aggregate(torch.zeros(2), three_clients())
+    assert "bounded" not in unbounded.extra
+    ups = three_clients()
+    ups[2] = ClientUpdate(P3, 4000, {"val_loss": 2.5}, client_id="c2")
+    assert FedAvg().aggregate(torch.zeros(2), ups).extra["bounded"] == ["c2"]
+    assert "bounded" not in FedAvg(sample_clip=None).aggregate(torch.zeros(2), ups).extra
+    # FedLoss-n's peer bound acts on the scores n * l: the top score (c2: 4000 * 2.5) is lowered.
+    n_bounded = FedLossN(loss_clip=None, sample_clip=None).aggregate(torch.zeros(2), ups)
+    assert n_bounded.extra["bounded"] == ["c2"]
+    # Each round notes afresh: an honest round after a bounded one has no note.
+    agg = FedAvg()
+    agg.aggregate(torch.zeros(2), ups)
+    assert "bounded" not in agg.aggregate(torch.zeros(2), three_clients()).extra
