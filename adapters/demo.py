@@ -77,6 +77,7 @@ def partition_demo(
                 [float(partition.noise_std[c]) for c in cols],
                 out_dir / f"{scenario}_noise.png",
                 seed=partition.seed,
+                pixel_scale=float(getattr(train, "pixel_scale", 1.0)),
             )
     table = markdown_table(PARTITION_HEADER, rows)
     print(

@@ -37,11 +37,16 @@ class DatasetUnavailable(FileNotFoundError):
 
 @dataclass(frozen=True)
 class ArrayDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Images and labels held in memory as tensors; ``x`` float (N, C, H, W), ``y`` int64."""
+    """Images and labels held in memory as tensors; ``x`` float (N, C, H, W), ``y`` int64.
+
+    ``pixel_scale``: tensor units per pixel unit (``1 / std`` of the normalisation), so that
+    feature noise given in pixel units lands in the tensors' units
+    (:class:`fl_partitions.transforms.NoisyDataset`)."""
 
     x: torch.Tensor
     y: torch.Tensor
     name: str = ""
+    pixel_scale: float = 1.0
 
     def __len__(self) -> int:
         return len(self.y)
@@ -108,7 +113,8 @@ def load_fmnist(
     x = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)
     if normalize:
         x = (x - FMNIST_MEAN) / FMNIST_STD
-    return ArrayDataset(x, torch.from_numpy(labels.astype(np.int64)), "fmnist")
+    scale = 1.0 / FMNIST_STD if normalize else 1.0
+    return ArrayDataset(x, torch.from_numpy(labels.astype(np.int64)), "fmnist", scale)
 
 
 def load_digits(train: bool = True, test_fraction: float = 0.2, seed: int = 0) -> ArrayDataset:
@@ -127,7 +133,7 @@ def load_digits(train: bool = True, test_fraction: float = 0.2, seed: int = 0) -
     perm = np.random.default_rng(seed).permutation(len(y))
     n_test = int(round(len(y) * test_fraction))
     keep = perm[n_test:] if train else perm[:n_test]
-    return ArrayDataset((x[keep] - 0.5) / 0.5, y[keep], "digits")
+    return ArrayDataset((x[keep] - 0.5) / 0.5, y[keep], "digits", pixel_scale=2.0)
 
 
 def load_torchvision(
@@ -148,23 +154,26 @@ def load_torchvision(
     tf = T.Compose([T.ToTensor(), T.Normalize((0.5,), (0.5,))])
     try:
         if name == "cifar10":
-            return torchvision.datasets.CIFAR10(
+            ds = torchvision.datasets.CIFAR10(
                 str(root), train=train, transform=tf, download=download
             )
-        if name == "svhn":
-            return torchvision.datasets.SVHN(
+        elif name == "svhn":
+            ds = torchvision.datasets.SVHN(
                 str(root), split="train" if train else "test", transform=tf, download=download
             )
-        if name == "emnist":
-            return torchvision.datasets.EMNIST(
+        elif name == "emnist":
+            ds = torchvision.datasets.EMNIST(
                 str(root), split="balanced", train=train, transform=tf, download=download
             )
+        else:
+            raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
     except (RuntimeError, OSError) as e:
         raise DatasetUnavailable(
             f"{name} not found under {root} ({e}). Run once with download enabled on a machine "
             f"with internet (`--download`), or copy torchvision's {name} files into --data-dir."
         ) from e
-    raise ValueError(f"dataset must be one of {', '.join(DATASETS)} or npy:PATH, got {name!r}")
+    ds.pixel_scale = 2.0  # type: ignore[attr-defined]  # Normalize((0.5,), (0.5,))
+    return ds
 
 
 def dataset_targets(ds: torch.utils.data.Dataset) -> NDArray[np.int64]:  # type: ignore[type-arg]

@@ -87,11 +87,14 @@ def plot_noise_grid(
     *,
     seed: int = 0,
     title: str = "",
+    pixel_scale: float = 1.0,
 ) -> Path:
     """Sample images (rows) under each noise level (columns), as the thesis's Figures 9-10.
 
     ``images`` are (C, H, W) tensors or arrays; noise is the same fixed per-sample noise that
-    :class:`fl_partitions.transforms.NoisyDataset` adds (client = column).
+    :class:`fl_partitions.transforms.NoisyDataset` adds (client = column). Noise levels are in
+    pixel units; ``pixel_scale`` is the images' units per pixel unit (``1 / std`` of their
+    normalisation), as for ``NoisyDataset``.
     """
     from fl_partitions.transforms import sample_noise
 
@@ -101,13 +104,14 @@ def plot_noise_grid(
     for r, img in enumerate(images):
         x = np.asarray(img, dtype=np.float32)
         for col, std in enumerate(noise_levels):
-            noisy = x + sample_noise(x.shape, float(std), seed, col, r).numpy()
+            noise = sample_noise(x.shape, float(std) * pixel_scale, seed, col, r).numpy()
+            noisy = x + noise
             ax = axes[r][col]
             ax.imshow(noisy.transpose(1, 2, 0).squeeze(), cmap="gray")
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
-                ax.set_title(f"std {std:.3g}", fontsize=8)
+                ax.set_title(f"pixel std {std:.3g}", fontsize=8)
     fig.suptitle(title or "feature noise by client")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

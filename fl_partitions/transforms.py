@@ -5,6 +5,13 @@ The noise of element ``e`` of sample ``j`` on client ``i`` is a function of
 so it is the same in every epoch, process and host (FedLab cross-process, FedML MPI)
 whatever order samples are read in, as NIID-Bench's fixed per-client noise intends, and a
 whole batch of it is drawn in one vectorised step.
+
+Units: a partition's noise standard deviations are in *pixel* units (intensities in [0, 1]),
+as NIID-Bench adds its noise right after ``ToTensor()``, before any normalisation. A dataset
+whose tensors are normalised says by how much through a ``pixel_scale`` attribute (tensor units
+per pixel unit, ``1 / std`` of its ``Normalize``), and the noise is scaled by it: adding
+``N(0, s^2)`` to pixels and then normalising gives exactly the normalised image plus
+``N(0, (s * pixel_scale)^2)``, since normalising is affine and NIID-Bench does not clip.
 """
 
 from __future__ import annotations
@@ -75,8 +82,10 @@ class NoisyDataset(Dataset[Any]):
         ``get_batch(indices) -> (x, y)`` (as the benchmarks' in-memory datasets do), whole
         batches are read and noised in one step.
     indices : the dataset indices this client holds.
-    std : noise standard deviation (0 returns samples unchanged).
+    std : noise standard deviation in pixel units (0 returns samples unchanged).
     seed, client : identify the noise stream.
+    pixel_scale : tensor units per pixel unit; by default the dataset's ``pixel_scale``
+        attribute, else 1 (the tensors hold [0, 1] pixels).
     """
 
     def __init__(
@@ -87,12 +96,18 @@ class NoisyDataset(Dataset[Any]):
         std: float = 0.0,
         seed: int = 0,
         client: int = 0,
+        pixel_scale: float | None = None,
     ) -> None:
         if not np.isfinite(std) or std < 0:
             raise ValueError(f"std must be a finite float >= 0, got {std!r}")
+        if pixel_scale is None:
+            pixel_scale = float(getattr(dataset, "pixel_scale", 1.0))
+        if not np.isfinite(pixel_scale) or pixel_scale <= 0:
+            raise ValueError(f"pixel_scale must be a finite float > 0, got {pixel_scale!r}")
         self.dataset = dataset
         self.indices = np.asarray(indices, dtype=np.int64)
         self.std = float(std)
+        self.pixel_scale = float(pixel_scale)
         self.seed = int(seed)
         self.client = int(client)
         self._noise: torch.Tensor | None = None  # all of this view's noise, drawn on first use
@@ -104,8 +119,9 @@ class NoisyDataset(Dataset[Any]):
         if self._noise is None:
             # One vectorised draw for the whole view (a 2,000-sample 28x28 client: 6 MB),
             # reused by every epoch and round.
+            std = self.std * self.pixel_scale
             self._noise = torch.from_numpy(
-                noise_block(shape, self.std, self.seed, self.client, self.indices)
+                noise_block(shape, std, self.seed, self.client, self.indices)
             )
         return self._noise[torch.as_tensor(positions)]
 

@@ -542,3 +542,39 @@ def test_partition_noise_std_drives_per_client_noisy_datasets(images: TensorData
     ]
     assert spread[0] == 0.0
     assert spread[1] < spread[2] < spread[3]
+
+
+def test_noise_is_in_pixel_units_before_normalisation() -> None:
+    """NIID-Bench adds its noise to [0, 1] pixels right after ToTensor(). On the normalised
+    Fashion-MNIST tensors the runs train on, a client's view must equal: take the pixels, add
+    the noise, then normalise."""
+    from fedbalance_benchmarks.datasets import FMNIST_MEAN, FMNIST_STD, ArrayDataset
+
+    pixels = torch.rand(6, 1, 8, 8)
+    normalised = ArrayDataset(
+        (pixels - FMNIST_MEAN) / FMNIST_STD, torch.zeros(6, dtype=torch.long), "x", 1 / FMNIST_STD
+    )
+    raw = ArrayDataset(pixels, torch.zeros(6, dtype=torch.long), "x")
+    noisy_pixels = NoisyDataset(raw, range(6), std=0.1, seed=3, client=5)
+    noisy = NoisyDataset(normalised, range(6), std=0.1, seed=3, client=5)
+    for i in range(6):
+        expected = (noisy_pixels[i][0] - FMNIST_MEAN) / FMNIST_STD
+        assert torch.allclose(noisy[i][0], expected, atol=1e-5)
+    # 0.1 in pixels is 0.28 in normalised units: 2.8x what the same number added after
+    # normalisation gave before.
+    assert (noisy[0][0] - normalised[0][0]).std() > 2 * (noisy_pixels[0][0] - pixels[0]).std()
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("inf")], ids=["zero", "negative", "inf"])
+def test_pixel_scale_must_be_finite_and_positive(images: TensorDataset, scale: float) -> None:
+    with pytest.raises(ValueError, match=f"pixel_scale must be a finite float > 0, got {scale!r}"):
+        NoisyDataset(images, [0], std=0.1, pixel_scale=scale)
+
+
+def test_the_fashion_mnist_loader_says_its_pixel_scale() -> None:
+    from fedbalance_benchmarks.datasets import FMNIST_STD, fmnist_available, load_fmnist
+
+    if not fmnist_available():
+        pytest.skip("Fashion-MNIST is not installed")
+    assert load_fmnist(train=False).pixel_scale == pytest.approx(1 / FMNIST_STD)
+    assert load_fmnist(train=False, normalize=False).pixel_scale == 1.0

@@ -21,9 +21,10 @@ Feature noise: a client whose partition assigns a noise level gets, in column ``
 the values plus the same fixed Gaussian noise fedbalance's
 :class:`~fl_partitions.transforms.NoisyDataset` adds (a function of seed, client and dataset
 index, see :func:`~fl_partitions.transforms.noise_block`). It is added on access, as float32,
-to the column's values as stored: put the column in the scale the model sees (e.g. normalised
-pixels) before partitioning, as fedbalance's own datasets are, since noise of standard
-deviation 0.1 means nothing on raw 0-255 pixels. Without ``noise_by`` the noise levels are
+to the column's values as stored. The partition's noise levels are in pixel units
+(intensities in [0, 1], where NIID-Bench adds its noise); ``pixel_scale`` says how many of the
+column's units one pixel unit is: 1 for [0, 1] pixels (the default), 255 for raw 0-255 pixels,
+``1 / std`` for a column normalised with ``std``. Without ``noise_by`` the noise levels are
 ignored, with a warning.
 """
 
@@ -59,6 +60,7 @@ class FedBalancePartitioner(FlowerPartitioner):
     seed : every random choice of the partition (same seed, same partition).
     split : train/validation/test fractions of each client's local split.
     noise_by : the feature column that gets the partition's feature noise (see above).
+    pixel_scale : the column's units per pixel unit (see above).
     """
 
     def __init__(
@@ -70,8 +72,16 @@ class FedBalancePartitioner(FlowerPartitioner):
         seed: int = 0,
         split: Sequence[float] = DEFAULT_SPLIT,
         noise_by: str | None = None,
+        pixel_scale: float = 1.0,
     ) -> None:
         super().__init__()
+        if (
+            isinstance(pixel_scale, bool)
+            or not isinstance(pixel_scale, (int, float))
+            or not np.isfinite(pixel_scale)
+            or pixel_scale <= 0
+        ):
+            raise ValueError(f"pixel_scale must be a finite float > 0, got {pixel_scale!r}")
         if isinstance(num_partitions, bool) or not isinstance(num_partitions, int):
             raise ValueError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
         if num_partitions < 1:
@@ -87,6 +97,7 @@ class FedBalancePartitioner(FlowerPartitioner):
         self.seed = seed
         self.split = tuple(split)
         self.noise_by = noise_by
+        self.pixel_scale = float(pixel_scale)
         self._partition: Partition | None = None
 
     @property
@@ -132,7 +143,7 @@ class FedBalancePartitioner(FlowerPartitioner):
 
     def _rows(self, client: int, indices: np.ndarray) -> Dataset:
         rows = self.dataset.select(indices.tolist())
-        std = float(self.partition.noise_std[client])
+        std = float(self.partition.noise_std[client]) * self.pixel_scale
         if self.noise_by is None or std == 0:
             return rows
         rows = rows.add_column(INDEX_COLUMN, indices.tolist())

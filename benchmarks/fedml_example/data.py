@@ -31,6 +31,7 @@ def load(args: Any) -> tuple[list[Any], int]:
     name = getattr(args, "dataset", "fmnist")
     train = load_dataset(name, train=True)  # a missing dataset fails here, saying how to get it
     labels = dataset_targets(train)
+    pixel_scale = float(getattr(train, "pixel_scale", 1.0))  # noise is in pixel units
     max_samples = getattr(args, "max_samples", None)
     if max_samples:
         keep = np.sort(
@@ -52,7 +53,12 @@ def load(args: Any) -> tuple[list[Any], int]:
     for c in range(part.num_clients):
         views = {
             split: NoisyDataset(
-                base, part.splits[c][split], std=float(part.noise_std[c]), seed=part.seed, client=c
+                base,
+                part.splits[c][split],
+                std=float(part.noise_std[c]),
+                seed=part.seed,
+                client=c,
+                pixel_scale=pixel_scale,
             )
             for split in ("train", "test")
         }

@@ -57,8 +57,10 @@ def test_partitions_equal_fedbalance_partition_for_the_same_seed(
 
 
 def test_feature_noise_is_fedbalances_noise(digits: Dataset) -> None:
+    # The image column holds digits normalised as fedbalance's loader does ((x - 0.5) / 0.5):
+    # two column units per pixel unit, and the noise levels are pixel units.
     partitioner = FedBalancePartitioner(
-        CLIENTS, {"name": "feature_noise", "sigma": 0.4}, seed=3, noise_by="image"
+        CLIENTS, {"name": "feature_noise", "sigma": 0.4}, seed=3, noise_by="image", pixel_scale=2.0
     )
     partitioner.dataset = digits
     part = partitioner.partition
