@@ -27,8 +27,10 @@ DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
 MODELS = ("thesis_cnn", "astraea_cnn")
 OPTIMIZERS = ("adam", "sgd")
 #: ``clients``: every client's test split, weighted by size (the thesis); ``test``: the
-#: dataset's own test set (balanced for Fashion-MNIST; what Astraea reports).
-EVAL_DATA = ("clients", "test")
+#: dataset's own test set (balanced for Fashion-MNIST; what Astraea reports); ``val``: every
+#: client's validation split, weighted by size (what a hyper-parameter sweep may score on,
+#: never the test data).
+EVAL_DATA = ("clients", "test", "val")
 #: How FedML cross-silo's processes talk: ``mpi`` (one ``mpirun``) or FedML's ``grpc`` backend
 #: (one process per rank on 127.0.0.1, started by ``fedbalance run``).
 BACKENDS = ("mpi", "grpc")
@@ -112,9 +114,10 @@ class RunConfig:
             raise ConfigError(
                 f"backend: grpc is for framework: fedml-cross-silo; got framework: {self.framework}"
             )
-        if self.eval_data == "test" and self.framework.startswith("fedml"):
+        if self.eval_data != "clients" and self.framework.startswith("fedml"):
             raise ConfigError(
-                f"eval_data: test is for the FedLab frameworks; {self.framework} reports FedML's own test metrics"
+                f"eval_data: {self.eval_data} is for the FedLab frameworks; {self.framework} "
+                "reports FedML's own test metrics"
             )
         if self.framework.startswith("flower"):
             # Flower's strategy loop evaluates every round on the clients' test splits.

@@ -34,7 +34,9 @@ def training_data(config: RunConfig) -> tuple[Any, np.ndarray, Partition]:
             : config.max_samples
         ]
         keep = keep.sort().values
+        scale = getattr(train, "pixel_scale", 1.0)  # feature noise is in pixel units
         train, labels = Subset(train, keep.tolist()), labels[keep.numpy()]
+        train.pixel_scale = scale  # type: ignore[attr-defined]
     partition = partitioner.partition(
         labels, config.num_clients, seed=config.seed, split=config.split
     )
@@ -69,19 +71,27 @@ def check(config: RunConfig) -> dict[str, Any]:
     }
 
 
+def metric_prefix(config: RunConfig) -> str:
+    """``val`` when a run evaluates on the clients' validation splits (``eval_data: val``, for
+    tuning), else ``test``: the prefix of the metrics a row and the summary carry."""
+    return "val" if config.eval_data == "val" else "test"
+
+
 def run_summary(
     config: RunConfig, rows: list[dict[str, Any]], elapsed_s: float | None = None
 ) -> dict[str, Any]:
     """What every host's ``summary.json`` holds: the config, the rounds run, the final and the
     best accuracy over the evaluated rounds (``rows`` are ``metrics.jsonl``'s), and the wall
     time when the host measured it. A host adds its own fields after these."""
-    evals = [r for r in rows if "test_accuracy" in r]
-    best = max(evals, key=lambda r: r["test_accuracy"]) if evals else None
+    key = f"{metric_prefix(config)}_accuracy"
+    evals = [r for r in rows if key in r]
+    best = max(evals, key=lambda r: r[key]) if evals else None
     summary: dict[str, Any] = {
         "config": config.to_dict(),
         "rounds": len(rows),
-        "final_accuracy": evals[-1]["test_accuracy"] if evals else None,
-        "best_accuracy": best["test_accuracy"] if best else None,
+        "evaluated_on": config.eval_data,
+        "final_accuracy": evals[-1][key] if evals else None,
+        "best_accuracy": best[key] if best else None,
         "best_round": best["round"] if best else None,
     }
     if elapsed_s is not None:

@@ -84,3 +84,31 @@ def test_fedbalance_run_exits_2_before_any_work(
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_eval_data_val_is_fedlabs_tuning_split() -> None:
+    """``eval_data: val`` (a sweep's score) is a FedLab choice; FedML reports its own test."""
+    assert RunConfig.from_dict({"eval_data": "val"}).eval_data == "val"
+    with pytest.raises(ConfigError, match="eval_data: val is for the FedLab frameworks"):
+        RunConfig.from_dict({"framework": "fedml-sp", "eval_data": "val"})
+
+
+def test_a_val_run_scores_on_the_validation_splits_only(tmp_path: Path) -> None:
+    """The rows carry ``val_*`` and no ``test_*`` metric, and the summary says what it read."""
+    import json
+
+    from helpers import digits_run
+
+    from fl_adapters.fedlab.runner import run_standalone
+
+    cfg = digits_run(
+        {}, {"num_clients": 4, "clients_per_round": 2, "rounds": 2, "eval_data": "val"}
+    )
+    summary = run_standalone(cfg, tmp_path, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all("val_accuracy" in r and "test_accuracy" not in r for r in rows)
+    assert summary["evaluated_on"] == "val"
+    assert summary["final_accuracy"] == rows[-1]["val_accuracy"]
+    from fedbalance_benchmarks.datasets import load_digits  # the splits it read: 10 % each
+
+    assert rows[0]["val_samples"] < 0.2 * len(load_digits(train=True))

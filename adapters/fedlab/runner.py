@@ -29,7 +29,7 @@ from fl_adapters._training import evaluate
 from fl_adapters.checkpoint import NAME as CHECKPOINT
 from fl_adapters.checkpoint import Checkpoint, CheckpointError, restore_sampler, sampler_state
 from fl_adapters.config import RunConfig, RunFailed
-from fl_adapters.experiment import is_mediated, run_summary, training_data
+from fl_adapters.experiment import is_mediated, metric_prefix, run_summary, training_data
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
@@ -114,8 +114,9 @@ class MetricsWriter:
 
             cfg = exp.config
             self.test = [load_dataset(cfg.dataset, train=False, data_dir=cfg.data_dir)]
-        else:
-            self.test = [exp.data.get_dataset(c, "test") for c in range(exp.data.num)]
+        else:  # "clients" reads the test splits, "val" the validation splits
+            split = "val" if exp.config.eval_data == "val" else "test"
+            self.test = [exp.data.get_dataset(c, split) for c in range(exp.data.num)]
         self.param_bytes = sum(p.numel() * p.element_size() for p in exp.model.parameters())
         self.astraea: Any = None  # the AstraeaPlanner of an Astraea run
         self.started = time.perf_counter()
@@ -150,7 +151,10 @@ class MetricsWriter:
         }
         if rnd % self.exp.config.eval_every == 0 or rnd == self.exp.config.rounds:
             loss, acc, n = evaluate(handler.model, self.test)
-            row.update(test_loss=loss, test_accuracy=acc, test_samples=n)
+            pre = metric_prefix(self.exp.config)
+            row.update({f"{pre}_loss": loss, f"{pre}_accuracy": acc, f"{pre}_samples": n})
+        if "bounded" in result.extra:  # clients whose count or loss a bound lowered
+            row["bounded"] = result.extra["bounded"]
         if "update_scale" in result.extra:  # update_clip: how much each update was shortened
             row["update_scale"] = result.extra["update_scale"]
         traffic = result.extra.get("bytes")
@@ -169,8 +173,9 @@ class MetricsWriter:
         self.save_checkpoint(handler)
         if self.bar is not None:
             self.bar.update(1)
-            if "test_accuracy" in row:
-                self.bar.set_postfix(acc=f"{row['test_accuracy']:.4f}")
+            if "test_accuracy" in row or "val_accuracy" in row:
+                acc = row.get("test_accuracy", row.get("val_accuracy"))
+                self.bar.set_postfix(acc=f"{acc:.4f}")
 
     def save_checkpoint(self, handler: FedBalanceServerHandler) -> None:
         from fedlab.utils import SerializationTool
