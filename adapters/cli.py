@@ -262,6 +262,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 #: ``fedbalance bench NAME`` -> module with ``main(argv)``; runnable from an installed wheel.
 BENCHES = {
     "astraea": "fedbalance_benchmarks.astraea",
+    "fedavgm-sweep": "fedbalance_benchmarks.fedavgm_sweep",
     "fedlab-overhead": "fedbalance_benchmarks.perf_fedlab_overhead",
     "fedml-overhead": "fedbalance_benchmarks.perf_fedml_overhead",
     "flower-overhead": "fedbalance_benchmarks.perf_flower_overhead",

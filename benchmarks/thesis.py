@@ -50,20 +50,39 @@ HOST_LABELS = {
 }
 FULL = dict(num_clients=30, clients_per_round=5, rounds=50, local_epochs=10)
 QUICK = dict(num_clients=10, clients_per_round=3, rounds=5, local_epochs=1, max_samples=6000)
-#: The grid's entries: name -> (aggregator, arguments). ``fedloss`` is the thesis's rule:
-#: weights exactly l_i / sum l among losses within 5x the median (``peer_clip: null``);
-#: ``fedloss-default`` is the library's default, which also lowers a round's top loss to the
-#: runner-up's (``peer_clip: 1``, see fl_aggregators.fedloss). FedAvg and FedLoss-n trust the
-#: reported sample counts (``sample_clip: null``) as the papers do; the library's default margin
-#: is measured by the reliability benchmark.
+#: The grid's entries: name -> (aggregator, arguments). ``fedloss`` and ``fedloss_n`` are the
+#: thesis's rules exactly, every bound off; ``fedloss-default`` is the library's default
+#: (``loss_clip: 5``, ``peer_clip: 1``, see fl_aggregators.fedloss), and every record lists the
+#: rounds in which a bound changed a weight. FedAvg trusts the reported sample counts
+#: (``sample_clip: null``) as the papers do; the library's default margin is measured by the
+#: reliability benchmark. FedAvgM runs with the momentum and server learning rate that the
+#: committed sweep chose on the clients' validation splits (:func:`fedavgm_args`).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedavg": ("fedavg", {"sample_clip": None}),
-    "fedavgm": ("fedavgm", {}),
+    "fedavgm": ("fedavgm", {}),  # + fedavgm_args()
     "fedmedian": ("fedmedian", {}),
-    "fedloss": ("fedloss", {"peer_clip": None}),
+    "fedloss": ("fedloss", {"loss_clip": None, "peer_clip": None}),
     "fedloss-default": ("fedloss", {}),
-    "fedloss_n": ("fedloss_n", {"peer_clip": None, "sample_clip": None}),
+    "fedloss_n": ("fedloss_n", {"loss_clip": None, "peer_clip": None, "sample_clip": None}),
 }
+#: The sweep whose choice FedAvgM runs with (``fedbalance bench fedavgm-sweep``).
+SWEEP = RESULTS / "fedavgm_sweep_fmnist_e10.json"
+#: Arguments that bound a reported value; a record of a run with one on lists the rounds in
+#: which it changed a weight.
+BOUNDS = ("loss_clip", "peer_clip", "sample_clip")
+
+
+def fedavgm_args(path: Path = SWEEP) -> dict[str, Any]:
+    """FedAvgM's ``beta`` and ``server_lr`` as the committed sweep chose them."""
+    try:
+        chosen = json.loads(path.read_text())["chosen"]
+        return {"beta": float(chosen["beta"]), "server_lr": float(chosen["server_lr"])}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(
+            f"{path} holds no FedAvgM choice ({e}); run `fedbalance bench fedavgm-sweep` first"
+        ) from e
+
+
 AGGREGATORS = tuple(VARIANTS)
 #: Seconds per round and local epoch of the thesis setting on one core, when no run of the grid
 #: has finished yet to measure it (10 local epochs, Fashion-MNIST, this 2-core machine).
@@ -78,6 +97,8 @@ def aggregator_args(variant: str) -> tuple[str, dict[str, Any]]:
     from fl_adapters.registry import get_registry
 
     aggregator, args = VARIANTS.get(variant, (variant, {}))
+    if variant == "fedavgm":
+        args = {**args, **fedavgm_args()}
     cls = get_registry().aggregator(aggregator)
     params = inspect.signature(cls).parameters.values()
     defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
@@ -85,7 +106,8 @@ def aggregator_args(variant: str) -> tuple[str, dict[str, Any]]:
 
 
 def run_config(scenario: str, variant: str, seed: int, opts: dict[str, Any]) -> dict[str, Any]:
-    aggregator, args = aggregator_args(variant)
+    extra = opts.get("variants", {})  # a sweep's own entries: name -> (aggregator, arguments)
+    aggregator, args = extra[variant] if variant in extra else aggregator_args(variant)
     return {
         "framework": opts.get("framework", "fedlab"),
         "dataset": opts["dataset"],
@@ -98,7 +120,14 @@ def run_config(scenario: str, variant: str, seed: int, opts: dict[str, Any]) -> 
         "batch_size": 64,
         **{
             k: opts[k]
-            for k in ("num_clients", "clients_per_round", "rounds", "local_epochs", "max_samples")
+            for k in (
+                "num_clients",
+                "clients_per_round",
+                "rounds",
+                "local_epochs",
+                "max_samples",
+                "eval_data",
+            )
             if opts.get(k) is not None
         },
     }
@@ -108,7 +137,7 @@ def stem_of(opts: dict[str, Any], framework: str | None = None) -> str:
     """``thesis_<dataset>[_<framework>][_e<E>][_quick]``: what names a grid's tables and records."""
     fw = framework or opts.get("framework", "fedlab")
     return (
-        f"thesis_{opts['dataset']}"
+        f"{opts.get('name', 'thesis')}_{opts['dataset']}"
         + ("" if fw == "fedlab" else f"_{fw}")
         + ("" if opts["local_epochs"] == 1 else f"_e{opts['local_epochs']}")
         + ("_quick" if opts["quick"] else "")
@@ -116,29 +145,38 @@ def stem_of(opts: dict[str, Any], framework: str | None = None) -> str:
 
 
 def record_key(cfg: dict[str, Any]) -> dict[str, Any]:
-    """What defines a run: its config with every default resolved, minus where it ran."""
+    """What defines a run: its config with every default resolved, minus where it ran; a
+    partition with feature noise adds the noise's units (pixel intensities in [0, 1] since the
+    noise moved before normalisation, so runs made with noise in normalised units are stale)."""
     import dataclasses
 
     from fl_adapters.config import RunConfig
+    from fl_adapters.registry import get_registry
 
     key = dataclasses.asdict(RunConfig.from_dict(cfg))
     for k in ("port", "backend", "data_dir"):
         key.pop(k, None)
+    if get_registry().make_partitioner(key["partition"]).noise_std(2).any():
+        key["noise_units"] = "pixel"
     return json.loads(json.dumps(key))
 
 
 def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
-    """A finished run, compactly: its config, and per evaluated round the accuracy and loss of
-    the global model and the largest aggregation weight."""
+    """A finished run, compactly: its config; per evaluated round the accuracy and loss of the
+    global model (on the clients' test splits, or their validation splits for a sweep) and the
+    largest aggregation weight; and the rounds in which a bound changed a weight."""
     rows = read_metrics(out)
-    evals = [r for r in rows if "test_accuracy" in r]
+    on = "val" if cfg.get("eval_data") == "val" else "test"
+    evals = [r for r in rows if f"{on}_accuracy" in r]
     summary = json.loads((out / "summary.json").read_text())
     return {
         "config": record_key(cfg),
+        "evaluated_on": on,
         "rounds": [r["round"] for r in evals],
-        "accuracy": [r["test_accuracy"] for r in evals],
-        "test_loss": [r.get("test_loss") for r in evals],
+        "accuracy": [r[f"{on}_accuracy"] for r in evals],
+        f"{on}_loss": [r.get(f"{on}_loss") for r in evals],
         "top_weight": [max(r["weights"]) if r.get("weights") else None for r in evals],
+        "bounded_rounds": [r["round"] for r in rows if r.get("bounded")],
         "bytes_up": sum(r.get("bytes_up", 0) for r in rows),
         "elapsed_s": summary["elapsed_s"],
     }
@@ -155,12 +193,17 @@ def _run_record(cfg: dict[str, Any], out: str) -> dict[str, Any]:
 
 
 def load_record(path: Path, cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """The record at ``path`` if it is this run's (same resolved config), else None."""
+    """The record at ``path`` if it is this run's (same resolved config), else None. A run with
+    a bound on must say in which rounds it changed a weight: a record from before that was noted
+    is stale."""
     try:
         rec = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return rec if rec.get("config") == record_key(cfg) else None
+    if rec.get("config") != record_key(cfg):
+        return None
+    bounded = any(cfg["aggregator_args"].get(k) is not None for k in BOUNDS)
+    return None if bounded and "bounded_rounds" not in rec else rec
 
 
 def estimate_seconds(records: list[dict[str, Any]], opts: dict[str, Any]) -> tuple[float, str]:
