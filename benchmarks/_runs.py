@@ -96,7 +96,8 @@ def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
 
 
 def mean_std(values: list[float]) -> str:
+    """``mean ± std`` of fractions, in percent; the sample std (n - 1)."""
     if not values:
         return "-"
-    sd = statistics.pstdev(values) if len(values) > 1 else 0.0
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{100 * statistics.mean(values):.2f} ± {100 * sd:.2f}"
