@@ -1,5 +1,5 @@
 """Every partitioner gives the committed partitions under this environment's numpy (1.26 here;
-``tests/flower/test_partition_numpy.py`` checks numpy 2.x against the same digests)."""
+``tests/flower/test_partitions_under_numpy2.py`` checks numpy 2.x against the same digests)."""
 
 from __future__ import annotations
 
