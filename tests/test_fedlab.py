@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -188,3 +189,61 @@ def test_handler_rejects_a_poisoned_client_and_keeps_going(tmp_path: Path, monke
     h.global_update([[good, pack_meta(0, 10, 1.0)], [bad, pack_meta(1, 10, 1e9)]])
     assert torch.equal(h.model_parameters, good)
     assert h.last_result is not None and [r.client for r in h.last_result.rejected] == [1]
+
+
+# -- beside FedLab's other algorithms: fedbalance applies, or the run stops (issue #31) --------
+#: FedLab 1.3.0's classes whose own code keeps the patched SyncServerHandler.global_update /
+#: SGD trainers' local_process (fedbalance applies); every other class is refused when built.
+APPLIES = {
+    "basic_client.SGDClientTrainer",
+    "basic_client.SGDSerialClientTrainer",
+    "basic_server.SyncServerHandler",
+    "ditto.DittoServerHandler",
+    "fedavg.FedAvgServerHandler",
+    "fedavg.FedAvgClientTrainer",
+    "fedavg.FedAvgSerialClientTrainer",
+    "fedprox.FedProxServerHandler",
+    "powerofchoice.Powerofchoice",
+    "powerofchoice.PowerofchoiceSerialClientTrainer",
+}
+
+
+def probe_fedlab(result: Path, **env: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
+    out = subprocess.run(
+        [sys.executable, str(HOSTS / "fedlab_algorithms_probe.py"), str(result)],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(result.read_text())
+
+
+@pytest.mark.slow
+def test_every_fedlab_algorithm_class_applies_fedloss_or_is_refused_when_built(
+    tmp_path: Path,
+) -> None:
+    got = probe_fedlab(tmp_path / "armed.json", FEDBALANCE_AGGREGATOR="fedloss")
+    assert {c for c, v in got.items() if v == "ok"} == APPLIES
+    refused = {c: v for c, v in got.items() if c not in APPLIES}
+    assert (
+        len(refused) == 14
+    )  # 6 handlers (FedNova, SCAFFOLD, FedDyn, qFFL, IFCA, async), 8 trainers
+    for cls, verdict in refused.items():
+        short = cls.split(".")[1]
+        assert verdict.startswith(
+            f"refused: FEDBALANCE_AGGREGATOR=fedloss cannot take effect with FedLab's {short}: "
+        ), verdict
+        assert "so fedloss would be silently unused" in verdict
+        assert f"unset FEDBALANCE_AGGREGATOR to run {short} stock" in verdict
+    assert (
+        "its global_update (fedlab.contrib.algorithm.fednova.FedNovaServerHandler)"
+        in (refused["fednova.FedNovaServerHandler"])
+    )
+    # Without the variable FedLab is stock: nothing is refused (a class FedLab itself cannot
+    # build with these arguments fails as it does without fedbalance).
+    stock = probe_fedlab(tmp_path / "stock.json")
+    assert stock.keys() == got.keys() and not any(v.startswith("refused") for v in stock.values())
+    assert all(stock[c] == "ok" for c in APPLIES)

@@ -274,3 +274,86 @@ def test_missing_dataset_fails_every_mpi_process_with_how_to_get_it(tmp_path: Pa
     out = run_host(tmp_path, cfg, processes=3, FEDBALANCE_DATA=str(tmp_path / "empty"))
     assert out.returncode != 0
     assert "cifar10 not found under" in out.stdout + out.stderr
+
+
+# -- beside FedML's other algorithms: fedbalance applies, or the run stops (issue #31) ---------
+def refusal(optimizer: str, host: str) -> str:
+    return f"aggregator: fedloss cannot take effect with federated_optimizer: {optimizer} in {host}"
+
+
+@pytest.mark.slow
+def test_fedprox_beside_fedloss_stops_before_training_in_sp(tmp_path: Path) -> None:
+    """FedML's FedProx simulator never reaches the wrapped FedAvgAPI._aggregate: the run used to
+    finish with exit 0 and no FedLoss record. Now ``fedml.init()`` stops it, naming both."""
+    rec = tmp_path / "rec.jsonl"
+    cfg = config(tmp_path, "sp.yaml", federated_optimizer="FedProx", fedprox_mu=0.1)
+    out = run_host(tmp_path, cfg, FEDBALANCE_RECORD=str(rec))
+    assert out.returncode != 0
+    assert refusal("FedProx", "fedml-sp") in out.stderr
+    assert "Use federated_optimizer: FedAvg with aggregator: fedloss" in out.stderr
+    assert not rec.exists() and not final_test_metrics(out.stdout)  # nothing trained
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_lightsecagg_beside_fedloss_stops_instead_of_hanging(tmp_path: Path) -> None:
+    """Cross-silo LightSecAgg over MPI with ``aggregator: fedloss`` used to hang on an
+    IndexError in the clients' masking; every rank now stops in ``fedml.init()``."""
+    cfg = config(
+        tmp_path, "cross_silo.yaml", federated_optimizer="LSA", prime_number=32749,
+        precision_parameter=10,
+    )  # fmt: skip
+    start = time.monotonic()
+    out = run_host(tmp_path, cfg, processes=3)
+    assert out.returncode != 0
+    assert refusal("LSA", "fedml-cross-silo") in out.stdout + out.stderr
+    assert time.monotonic() - start < 120
+
+
+@pytest.mark.slow
+def test_every_bypassing_optimizer_is_refused_by_fedml_init(tmp_path: Path) -> None:
+    """Each ``federated_optimizer`` value whose path bypasses the wrapped aggregation point
+    (fl_adapters.fedml.adapter.BYPASSING), in each mode, stops in the real ``fedml.init()``;
+    stock FedML (no ``aggregator``) is left to run them."""
+    from fl_adapters.fedml.adapter import BYPASSING
+
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, sys\n"
+        "import fedml\n"
+        "from fedml.arguments import load_arguments\n"
+        "out, argv, result = {}, [sys.argv[0], '--cf', sys.argv[1]], sys.argv[3]\n"
+        "for opt in json.loads(sys.argv[2]):\n"
+        "    sys.argv = list(argv)\n"
+        "    args = load_arguments(fedml._global_training_type, fedml._global_comm_backend)\n"
+        "    args.federated_optimizer = opt\n"
+        "    try:\n"
+        "        fedml.init(args)\n"
+        "        out[opt] = 'ran'\n"
+        "    except ValueError as e:\n"
+        "        out[opt] = str(e)\n"
+        "sys.argv = list(argv)\n"  # the same optimizer without fedbalance: FedML's own run
+        "args = load_arguments(fedml._global_training_type, fedml._global_comm_backend)\n"
+        "args.federated_optimizer, args.aggregator = opt, None\n"
+        "fedml.init(args)\n"
+        "out['stock'] = 'ran'\n"
+        "open(result, 'w').write(json.dumps(out))\n"  # FedML rewrites stdout
+    )
+    # Every value in sp; in MPI simulation those it has a simulator for; cross-silo accepts only
+    # FedAvg, LSA and SA. Cross-silo runs over gRPC here: one process is a whole rank there (over
+    # MPI FedML's own init first asks for worker_num + 1 processes); the refusal is the same.
+    cases = (
+        ("sp.yaml", "fedml-sp", sorted(BYPASSING)),
+        ("mpi.yaml", "fedml-mpi", ["Async_FedAvg", "FedAvg_seq", "FedNova", "FedOpt", "FedProx"]),
+        ("cross_silo_grpc.yaml", "fedml-cross-silo", ["LSA", "SA"]),
+    )
+    for name, host, optimizers in cases:
+        cfg = config(tmp_path, name)
+        result = tmp_path / f"{host}.json"
+        argv = [sys.executable, str(script), str(cfg), json.dumps(optimizers), str(result)]
+        out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert result.exists(), (out.stdout + out.stderr)[-3000:]
+        got = json.loads(result.read_text())
+        for opt in optimizers:
+            assert got[opt].startswith(refusal(opt, host)), (opt, got[opt])
+        assert got["stock"] == "ran"

@@ -28,7 +28,12 @@ classes in this process (and nothing when it is unset):
   with FedLab's own ``train`` on data rebalanced once from the server's ``rad``.
 
 An unknown aggregator name stops ``import fedlab`` with the registry's message (listing the
-available names), before any training. ``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1`` turns it off.
+available names), before any training. A server handler or client trainer whose own code
+bypasses the patched methods (FedLab's FedNova, SCAFFOLD, FedDyn, qFFL, IFCA and asynchronous
+handlers, the FedProx/FedDyn/SCAFFOLD/FedNova/qFFL trainers, or a user's subclass that
+overrides them) is refused when it is constructed, naming the class and what works
+(:func:`check_handler`, :func:`check_trainer`): the aggregator would otherwise be silently unused.
+fedbalance's own classes (``_fedbalance_native``) aggregate themselves and pass. ``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1`` turns it off.
 Client ids in the records are the ids FedLab hands the trainer (local ids in a cross-process
 run with serial trainers).
 """
@@ -86,6 +91,67 @@ def train_val(dataset: Any, client: int) -> tuple[Any, Any]:
     return Subset(train, perm[n_val:]), Subset(train, perm[:n_val])
 
 
+def _owner(cls: type, attr: str) -> str:
+    """Where ``cls`` gets ``attr`` from: ``module.Class``."""
+    for klass in cls.__mro__:
+        if attr in vars(klass):
+            return f"{klass.__module__}.{klass.__qualname__}"
+    return "nowhere"
+
+
+def _refuse(cls: type, name: str, why: str, works: str) -> ValueError:
+    return ValueError(
+        f"{ENV_AGGREGATOR}={name} cannot take effect with FedLab's {cls.__qualname__}: {why}, "
+        f"so {name} would be silently unused. Use {works}, or unset {ENV_AGGREGATOR} to run "
+        f"{cls.__qualname__} stock"
+    )
+
+
+def check_handler(cls: type, name: str, patched: dict[str, Any]) -> None:
+    """Refuse a server handler class whose aggregation does not go through the patched
+    ``SyncServerHandler`` methods (``patched``: method name -> the patch)."""
+    from fedlab.contrib.algorithm.basic_server import SyncServerHandler
+
+    if getattr(cls, "_fedbalance_native", False):
+        return
+    works = (
+        "SyncServerHandler or a subclass that keeps its global_update (e.g. FedAvgServerHandler)"
+    )
+    if not issubclass(cls, SyncServerHandler):
+        raise _refuse(cls, name, "it is not a SyncServerHandler (synchronous rounds)", works)
+    for method, patch in patched.items():
+        if getattr(cls, method) is not patch:
+            why = f"its {method} ({_owner(cls, method)}) replaces SyncServerHandler's"
+            raise _refuse(cls, name, why, works)
+
+
+def check_trainer(cls: type, name: str, patched: dict[type, dict[str, Any]]) -> None:
+    """Refuse a client trainer class that would not send what the aggregator needs (its own
+    ``local_process`` or ``uplink_package`` skip the patched ones that attach the metadata)."""
+    if getattr(cls, "_fedbalance_native", False):
+        return
+    works = "SGDSerialClientTrainer or SGDClientTrainer (or FedAvgSerialClientTrainer)"
+    for base, methods in patched.items():
+        if issubclass(cls, base):
+            for method, patch in methods.items():
+                if getattr(cls, method) is not patch:
+                    why = f"its {method} ({_owner(cls, method)}) replaces {base.__qualname__}'s"
+                    raise _refuse(cls, name, why, works)
+            return
+    raise _refuse(
+        cls, name, "it is neither an SGDSerialClientTrainer nor an SGDClientTrainer", works
+    )
+
+
+def _checked_init(original: Any, check: Any) -> Any:
+    def __init__(self: Any, *a: Any, **kw: Any) -> None:
+        check(type(self))
+        original(self, *a, **kw)
+
+    __init__._fedbalance = True  # type: ignore[attr-defined]
+    return __init__
+
+
 def arm() -> None:
     """Patch FedLab's stock handler and trainers if ``FEDBALANCE_AGGREGATOR`` is set."""
     chosen = settings()
@@ -95,6 +161,8 @@ def arm() -> None:
     from fedlab.contrib.algorithm.basic_client import SGDClientTrainer, SGDSerialClientTrainer
     from fedlab.contrib.algorithm.basic_server import SyncServerHandler
     from fedlab.core.client.manager import PassiveClientManager
+    from fedlab.core.client.trainer import ClientTrainer, SerialClientTrainer
+    from fedlab.core.server.handler import ServerHandler
     from fedlab.core.server.manager import SynchronousServerManager
 
     from fl_adapters.fedlab.handler import aggregate_into
@@ -270,6 +338,27 @@ def arm() -> None:
         patches.set(SynchronousServerManager, "setup", astraea_server_setup)
         patches.set(SynchronousServerManager, "main_loop", astraea_main_loop)
         patches.set(PassiveClientManager, "setup", astraea_client_setup)
+    # Every handler and trainer is checked when built: one that bypasses the patches stops.
+    server = {
+        m: vars(SyncServerHandler)[m] for m in ("global_update", "load") if m != "load" or mediated
+    }
+    trainers = {
+        SGDSerialClientTrainer: {"local_process": vars(SGDSerialClientTrainer)["local_process"]},
+        SGDClientTrainer: {
+            m: vars(SGDClientTrainer)[m] for m in ("local_process", "uplink_package")
+        },
+    }
+    patches.set(
+        ServerHandler,
+        "__init__",
+        _checked_init(ServerHandler.__init__, lambda c: check_handler(c, name, server)),
+    )
+    for base in (ClientTrainer, SerialClientTrainer):
+        patches.set(
+            base,
+            "__init__",
+            _checked_init(base.__init__, lambda c: check_trainer(c, name, trainers)),
+        )
     _armed.update(aggregator=name, args=args)
     log.info("fedbalance: FedLab armed with aggregator %r %s", name, args or "")
 

@@ -78,6 +78,9 @@ class FedBalanceServerHandler(SyncServerHandler):
     on_round : called as ``on_round(handler, result)`` after every aggregation.
     """
 
+    #: fedbalance's own class: it aggregates (or trains) itself, with or without the autoload.
+    _fedbalance_native = True
+
     def __init__(
         self,
         model: torch.nn.Module,

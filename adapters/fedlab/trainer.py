@@ -82,6 +82,9 @@ class FedBalanceSerialTrainer(SerialClientTrainer):
     own loop, not a mock of it).
     """
 
+    #: fedbalance's own class: it aggregates (or trains) itself, with or without the autoload.
+    _fedbalance_native = True
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -123,6 +126,9 @@ class FedBalanceSerialTrainer(SerialClientTrainer):
 
 class FedBalanceClientTrainer(ClientTrainer):
     """One client per process: FedLab passes its id with every activation."""
+
+    #: fedbalance's own class: it aggregates (or trains) itself, with or without the autoload.
+    _fedbalance_native = True
 
     def __init__(self, model: torch.nn.Module, data: PartitionedDataset, cfg: LocalConfig) -> None:
         super().__init__(model, cuda=False)

@@ -17,7 +17,9 @@ cross-silo          ``FedMLTrainer.train``                        ``FedMLAggrega
 ==================  ===========================================  ====================================
 
 An unknown name stops the run in ``fedml.init()`` (and ``FedMLRunner(...)``), before any
-training, with the registry's message. Keep ``federated_optimizer: FedAvg`` in the config.
+training, with the registry's message. So does a ``federated_optimizer`` whose FedML code
+path never reaches the wrapped aggregation point (:data:`BYPASSING`): the aggregator would be
+silently unused there. Keep ``federated_optimizer: FedAvg`` in the config.
 
 Clients hold out a validation split of their training data (``val_fraction``, default 0.1,
 deterministic per client and ``random_seed``) when the aggregator needs ``val_loss``, train on
@@ -53,6 +55,46 @@ HOSTS = {
     ("cross_silo", "GRPC"): "fedml-cross-silo",
 }
 STATE: dict[str, Any] = {}
+#: The ``federated_optimizer`` whose path runs through the wrapped aggregation point and client
+#: training, in every mode.
+WRAPPED_OPTIMIZER = "FedAvg"
+#: Why each other ``federated_optimizer`` of FedML 0.9.6 cannot take a fedbalance aggregator:
+#: its code aggregates (or trains) in classes fedbalance does not wrap.
+BYPASSING = {
+    "FedProx": "FedML's FedProx aggregates in its own FedProxTrainer._aggregate (sp) and "
+    "FedProxAggregator.aggregate (MPI), and its sp clients train in FedProx's own Client",
+    "FedOpt": "FedML's FedOpt averages and then steps a server optimizer in FedOptAPI "
+    "(sp) / FedOptAggregator (MPI), outside the wrapped aggregation point",
+    "FedOpt_seq": "FedML's FedOpt_seq aggregates in its own FedOptSeq aggregator",
+    "FedNova": "FedML's FedNova aggregates normalised updates in its own trainer/aggregator",
+    "FedDyn": "FedML's FedDyn aggregates with its own server state in FedDynTrainer._aggregate",
+    "SCAFFOLD": "FedML's SCAFFOLD aggregates updates and control variates in its own "
+    "ScaffoldTrainer._aggregate",
+    "Mime": "FedML's Mime aggregates with server statistics in MimeTrainer._aggregate",
+    "HierarchicalFL": "FedML's HierarchicalFL trains clients in its own HFLClient (no "
+    "validation loss) and aggregates twice a round (group and global)",
+    "FedAvg_seq": "FedML's FedAvg_seq aggregates in its own fedavg_seq FedAVGAggregator",
+    "Async_FedAvg": "FedML's Async_FedAvg applies each client's model as it arrives",
+    "LSA": "FedML's LightSecAgg server only ever sees the masked sum of the clients' models "
+    "and averages it uniformly, never calling a server aggregator",
+    "SA": "FedML's SecAgg server only ever sees masked models (and FedML 0.9.6 does not ship "
+    "its cross_silo.secagg module)",
+}
+
+
+def check_optimizer(args: Any, host: str, name: str) -> None:
+    """Stop before training when ``federated_optimizer`` bypasses fedbalance's aggregation:
+    the aggregator the user wrote would otherwise be silently unused."""
+    optimizer = str(getattr(args, "federated_optimizer", WRAPPED_OPTIMIZER) or WRAPPED_OPTIMIZER)
+    if optimizer == WRAPPED_OPTIMIZER:
+        return
+    why = BYPASSING.get(optimizer, f"FedML's {optimizer} does not aggregate through FedAvg's code")
+    raise ValueError(
+        f"aggregator: {name} cannot take effect with federated_optimizer: {optimizer} in "
+        f"{host}: {why}, so {name} would be silently unused. Use federated_optimizer: "
+        f"{WRAPPED_OPTIMIZER} with aggregator: {name}, or remove aggregator to run {optimizer} "
+        "stock (see the docs' table of host algorithms)"
+    )
 
 
 def settings(args: Any) -> tuple[str, dict[str, Any]] | None:
@@ -184,6 +226,7 @@ def validate(args: Any) -> None:
         raise ValueError(
             f"fedbalance aggregators run in FedML modes {sorted(HOSTS)}; got training_type/backend {mode}"
         )
+    check_optimizer(args, HOSTS[mode], chosen[0])
     check_world_size(args, mode)
     if mode[1] == "GRPC":
         from fl_adapters.fedml.ipconfig import check_grpc
