@@ -109,6 +109,13 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
         plot_class_bars(partition, args.plot, title=f"{args.dataset}: {partition.spec['name']}")
         print(f"wrote {args.plot}")
+        if partition.noise_std.any() and not args.dataset.startswith("npy:"):
+            from fedbalance_benchmarks.datasets import load_dataset
+            from fl_adapters.demo import noise_grid
+
+            train = load_dataset(args.dataset, train=True, data_dir=args.data_dir)
+            noise = noise_grid(partition, train, Path(args.plot).with_suffix(".noise.png"))
+            print(f"wrote {noise} (feature noise, pixel units)")
     return 0
 
 
@@ -336,7 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=positive_int, required=True)
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--out", required=True, help="output JSON file")
-    p.add_argument("--plot", help="also write stacked class bars to this PNG")
+    p.add_argument(
+        "--plot",
+        help="also write stacked class bars to this PNG (and, for a partition with feature"
+        " noise, sample images under it to PLOT.noise.png)",
+    )
     p.add_argument(
         "--data-dir", help="where datasets are (default: $FEDBALANCE_DATA, system paths)"
     )

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
 from fl_adapters.registry import get_registry
@@ -69,16 +70,7 @@ def partition_demo(
         plot_class_bars(partition, out_dir / f"{scenario}_bars.png", title=f"{dataset}: {scenario}")
         plot_heatmap(partition, out_dir / f"{scenario}_heatmap.png", title=f"{dataset}: {scenario}")
         if partition.noise_std.any():
-            from fl_partitions.plots import plot_noise_grid
-
-            cols = sorted({0, clients // 4, clients // 2, (3 * clients) // 4, clients - 1})
-            plot_noise_grid(
-                [train[int(i)][0] for i in partition.client_indices[0][:4]],
-                [float(partition.noise_std[c]) for c in cols],
-                out_dir / f"{scenario}_noise.png",
-                seed=partition.seed,
-                pixel_scale=float(getattr(train, "pixel_scale", 1.0)),
-            )
+            noise_grid(partition, train, out_dir / f"{scenario}_noise.png")
     table = markdown_table(PARTITION_HEADER, rows)
     print(
         f"Partitions of {dataset} ({len(labels)} training samples) into {clients} clients, seed {seed}:\n"
@@ -92,3 +84,19 @@ def partition_demo(
     )
     print(f"\nwrote tables and plots to {out_dir}/")
     return 0
+
+
+def noise_grid(partition: Any, train: Any, path: Path) -> Path:
+    """A few of client 0's images under the noise of five clients from first to last, in
+    pixel units as the runs add it (``train``: the dataset the partition indexes)."""
+    from fl_partitions.plots import plot_noise_grid
+
+    clients = partition.num_clients
+    cols = sorted({0, clients // 4, clients // 2, (3 * clients) // 4, clients - 1})
+    return plot_noise_grid(
+        [train[int(i)][0] for i in partition.client_indices[0][:4]],
+        [float(partition.noise_std[c]) for c in cols],
+        path,
+        seed=partition.seed,
+        pixel_scale=float(getattr(train, "pixel_scale", 1.0)),
+    )

@@ -68,6 +68,15 @@ def test_partition_writes_the_documented_json(tmp_path: Path, capsys) -> None:  
     assert (tmp_path / "p.png").stat().st_size > 1000
     out = capsys.readouterr().out
     assert "| label_dirichlet | 8" in out and "KL uniform" in out
+    assert not (tmp_path / "p.noise.png").exists()  # no feature noise, no noise picture
+
+
+def test_partition_plots_feature_noise_in_pixel_units(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code, _ = run_partition(
+        tmp_path, "f.json", "--scheme", "feature_noise", "--plot", str(tmp_path / "f.png")
+    )
+    assert code == 0 and (tmp_path / "f.noise.png").stat().st_size > 1000
+    assert "(feature noise, pixel units)" in capsys.readouterr().out
 
 
 def test_same_seed_same_json_apart_from_the_timing(tmp_path: Path) -> None:
