@@ -183,12 +183,18 @@ def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _run_record(cfg: dict[str, Any], out: str) -> dict[str, Any]:
-    """Run one job (unless its run directory already finished it) and return its record."""
-    done = Path(out) / "summary.json"
+    """Run one job (unless its run directory already finished it) and return its record. A
+    finished directory counts only if it names the run's record key (``record_key.json``,
+    written when the run ends): one made before the key changed (the noise's units, the
+    bounds' notes) is run again, never reported."""
+    key, marker = record_key(cfg), Path(out) / "record_key.json"
     if not (
-        done.exists() and record_key(json.loads(done.read_text())["config"]) == record_key(cfg)
+        (Path(out) / "summary.json").exists()
+        and marker.exists()
+        and json.loads(marker.read_text()) == key
     ):
         run_one(cfg, out)
+        marker.write_text(json.dumps(key) + "\n")
     return make_record(cfg, Path(out))
 
 
