@@ -173,7 +173,9 @@ def host_comparison(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
                 continue
             best_ml = [max(c["accuracy"]) for c in ours]
             diff = 100 * (statistics.mean(best_ml) - statistics.mean(best_lab))
-            spread = 100 * max(statistics.stdev(best_ml), statistics.stdev(best_lab))
+            spread = 100 * max(
+                statistics.stdev(v) if len(v) > 1 else 0.0 for v in (best_ml, best_lab)
+            )
             rows.append(
                 [
                     scenario,
@@ -215,7 +217,8 @@ def plots(
     paths = []
     for scenario in opts["scenarios"]:
         seeds = {c["seed"] for c in curves if c["scenario"] == scenario}
-        if not seeds:
+        if not seeds:  # no run of today's grid: no picture (nor an older one) of it
+            (out_dir / f"{stem}_{scenario}.png").unlink(missing_ok=True)
             continue
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for agg in opts["aggregators"]:

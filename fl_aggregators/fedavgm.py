@@ -5,6 +5,14 @@ Visual Classification", 2019, https://arxiv.org/abs/1909.06335:
 ``delta = w - FedAvg(clients)``, ``v <- beta * v + delta``, ``w <- w - server_lr * v``.
 With ``beta = 0`` and ``server_lr = 1`` it is FedAvg. Integer buffers (e.g. BatchNorm's
 ``num_batches_tracked``) take the FedAvg value: momentum on a counter means nothing.
+
+Defaults: ``beta = 0.5, server_lr = 0.3``, chosen by ``fedbalance bench fedavgm-sweep`` on the
+clients' validation splits at the FedLoss thesis's setting (10 local epochs of Adam,
+``benchmarks/results/fedavgm_sweep_fmnist_e10.md``): a steady-state step of 0.6x the averaged
+update. The former default ``beta = 0.9, server_lr = 1`` (10x) diverged there. Flower's
+``FedAvgM`` defaults to ``server_momentum = 0, server_learning_rate = 1``, which is FedAvg;
+set those values here for Flower's behaviour. Momentum interacts with the local work per
+round, so tune both on validation data for another setting.
 """
 
 from __future__ import annotations
@@ -36,8 +44,8 @@ class FedAvgM(FedAvg):
     def __init__(
         self,
         *,
-        beta: float = 0.9,
-        server_lr: float = 1.0,
+        beta: float = 0.5,
+        server_lr: float = 0.3,
         update_clip: float | None = None,
         sample_clip: float | None = None,
     ) -> None:
