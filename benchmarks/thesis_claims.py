@@ -65,6 +65,7 @@ class Cell:
     n: int
     finals: tuple[float, ...] | None = None
     jitters: tuple[float, ...] | None = None
+    seeds: tuple[int, ...] | None = None
 
 
 #: {scenario (grid name): {variant: Cell}}
@@ -127,6 +128,7 @@ def our_grid(curves: Iterable[dict[str, Any]]) -> Grid:
                 len(finals),
                 finals,
                 tuple(jitter(c["accuracy"], c["rounds"]) for c in chosen),
+                tuple(common),
             )
     return grid
 
@@ -134,7 +136,7 @@ def our_grid(curves: Iterable[dict[str, Any]]) -> Grid:
 def contrast(a: Cell, b: Cell) -> Estimate:
     """``a - b`` in final accuracy: per seed for our runs, Welch for the thesis's figures."""
     if a.finals is not None and b.finals is not None:
-        return paired([x - y for x, y in zip(a.finals, b.finals, strict=True)])
+        return paired([x - y for x, y in zip(a.finals, b.finals, strict=True)], a.seeds)
     return welch(a.final_mean, a.final_sd, a.n, b.final_mean, b.final_sd, b.n)
 
 

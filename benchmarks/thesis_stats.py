@@ -23,12 +23,19 @@ ALPHA = 0.05
 @dataclass(frozen=True)
 class Estimate:
     """A difference (points) with its standard error and degrees of freedom; ``seeds`` holds
-    the per-seed differences when it came from paired runs."""
+    the per-seed differences when it came from paired runs, ``ids`` which seeds they are."""
 
     diff: float
     se: float
     df: float
     seeds: tuple[float, ...] | None = None
+    ids: tuple[int, ...] | None = None
+
+    def on(self, ids: Sequence[int]) -> tuple[float, ...]:
+        """The per-seed differences of seeds ``ids`` (all of which this estimate has)."""
+        assert self.seeds is not None and self.ids is not None
+        at = dict(zip(self.ids, self.seeds, strict=True))
+        return tuple(at[i] for i in ids)
 
     @property
     def p(self) -> float:
@@ -58,13 +65,24 @@ def _p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"= {p:.3f}"
 
 
-def paired(differences: Sequence[float]) -> Estimate:
-    """The mean of per-seed differences, with the paired t-test's standard error."""
+def paired(differences: Sequence[float], ids: Sequence[int] | None = None) -> Estimate:
+    """The mean of per-seed differences (of seeds ``ids``, ``0..n-1`` by default), with the
+    paired t-test's standard error."""
     d = [float(x) for x in differences]
     n = len(d)
+    who = tuple(ids) if ids is not None else tuple(range(n))
     if n < 2:
-        return Estimate(d[0] if d else float("nan"), float("nan"), 0.0, tuple(d))
-    return Estimate(statistics.mean(d), statistics.stdev(d) / math.sqrt(n), n - 1, tuple(d))
+        return Estimate(d[0] if d else float("nan"), float("nan"), 0.0, tuple(d), who)
+    return Estimate(statistics.mean(d), statistics.stdev(d) / math.sqrt(n), n - 1, tuple(d), who)
+
+
+def _shared_seeds(estimates: Sequence[Estimate]) -> list[int] | None:
+    """The seeds every estimate was paired on (two or more), in order; None if any is not
+    paired or fewer than two are shared."""
+    if any(e.ids is None or e.seeds is None for e in estimates):
+        return None
+    shared = set.intersection(*(set(e.ids or ()) for e in estimates))
+    return sorted(shared) if len(shared) >= 2 else None
 
 
 def welch(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int) -> Estimate:
@@ -76,12 +94,12 @@ def welch(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b:
 
 
 def average(estimates: Sequence[Estimate]) -> Estimate:
-    """The mean of several differences: per seed where all are paired on the same seeds, else
-    as independent estimates (standard errors in quadrature, Welch-Satterthwaite df)."""
-    seeds = [e.seeds for e in estimates]
-    if all(s is not None for s in seeds) and len({len(s) for s in seeds if s is not None}) == 1:
-        per_seed = [statistics.mean(col) for col in zip(*seeds, strict=True)]  # type: ignore[arg-type]
-        return paired(per_seed)
+    """The mean of several differences: per seed on the seeds all were paired on, else as
+    independent estimates (standard errors in quadrature, Welch-Satterthwaite df)."""
+    shared = _shared_seeds(estimates)
+    if shared is not None:
+        columns = zip(*(e.on(shared) for e in estimates), strict=True)
+        return paired([statistics.mean(col) for col in columns], shared)
     k = len(estimates)
     var = sum(e.se**2 for e in estimates)
     df_den = sum(e.se**4 / e.df for e in estimates if e.df > 0)
@@ -90,9 +108,10 @@ def average(estimates: Sequence[Estimate]) -> Estimate:
 
 
 def difference(a: Estimate, b: Estimate) -> Estimate:
-    """``a - b``: per seed if both are paired on the same seeds, else independent."""
-    if a.seeds is not None and b.seeds is not None and len(a.seeds) == len(b.seeds):
-        return paired([x - y for x, y in zip(a.seeds, b.seeds, strict=True)])
+    """``a - b``: per seed on the seeds both were paired on, else independent."""
+    shared = _shared_seeds([a, b])
+    if shared is not None:
+        return paired([x - y for x, y in zip(a.on(shared), b.on(shared), strict=True)], shared)
     var = a.se**2 + b.se**2
     den = sum(e.se**4 / e.df for e in (a, b) if e.df > 0)
     return Estimate(a.diff - b.diff, math.sqrt(var), var**2 / den if den > 0 else 0.0)

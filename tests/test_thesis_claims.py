@@ -316,3 +316,17 @@ def test_readme_with_verdicts_replaces_only_the_block() -> None:
         == f"intro\n<!-- thesis-claims -->\n{tc.readme_block(text)}\n<!-- /thesis-claims -->\noutro\n"
     )
     assert tc.readme_with_verdicts(README.read_text(), text) == README.read_text()
+
+
+def test_scenarios_are_paired_on_the_seeds_they_share() -> None:
+    """An unfinished grid where one scenario has seeds 0-3 and another 1-4: their per-seed
+    average pairs seeds 1-3, never seed 0 of one with seed 4 of the other."""
+    a = ts.paired([1.0, 2.0, 3.0, 4.0], [0, 1, 2, 3])
+    b = ts.paired([10.0, 20.0, 30.0, 40.0], [1, 2, 3, 4])
+    mean = ts.average([a, b])
+    assert mean.ids == (1, 2, 3)
+    assert mean.seeds == pytest.approx([(2 + 10) / 2, (3 + 20) / 2, (4 + 30) / 2])
+    assert ts.difference(b, a).seeds == pytest.approx([8.0, 17.0, 26.0])
+    # Fewer than two seeds in common: the two are averaged as independent estimates.
+    c = ts.paired([5.0, 6.0], [7, 8])
+    assert ts.average([a, c]).ids is None
