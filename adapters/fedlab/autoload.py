@@ -32,8 +32,9 @@ available names), before any training. A server handler or client trainer whose 
 bypasses the patched methods (FedLab's FedNova, SCAFFOLD, FedDyn, qFFL, IFCA and asynchronous
 handlers, the FedProx/FedDyn/SCAFFOLD/FedNova/qFFL trainers, or a user's subclass that
 overrides them) is refused when it is constructed, naming the class and what works
-(:func:`check_handler`, :func:`check_trainer`): the aggregator would otherwise be silently unused.
-fedbalance's own classes (``_fedbalance_native``) aggregate themselves and pass. ``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1`` turns it off.
+(:func:`check_handler`, :func:`check_trainer`): the aggregator would otherwise be silently
+unused. fedbalance's own classes (``_fedbalance_native``) aggregate themselves and pass.
+``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1`` turns it off.
 Client ids in the records are the ids FedLab hands the trainer (local ids in a cross-process
 run with serial trainers).
 """
@@ -144,11 +145,12 @@ def check_trainer(cls: type, name: str, patched: dict[type, dict[str, Any]]) -> 
 
 
 def _checked_init(original: Any, check: Any) -> Any:
+    """``original`` (an ``__init__``), after ``check`` of the class being built."""
+
     def __init__(self: Any, *a: Any, **kw: Any) -> None:
         check(type(self))
         original(self, *a, **kw)
 
-    __init__._fedbalance = True  # type: ignore[attr-defined]
     return __init__
 
 
@@ -339,9 +341,9 @@ def arm() -> None:
         patches.set(SynchronousServerManager, "main_loop", astraea_main_loop)
         patches.set(PassiveClientManager, "setup", astraea_client_setup)
     # Every handler and trainer is checked when built: one that bypasses the patches stops.
-    server = {
-        m: vars(SyncServerHandler)[m] for m in ("global_update", "load") if m != "load" or mediated
-    }
+    server = {"global_update": vars(SyncServerHandler)["global_update"]}
+    if mediated:  # Astraea also waits for one package per mediator in load
+        server["load"] = vars(SyncServerHandler)["load"]
     trainers = {
         SGDSerialClientTrainer: {"local_process": vars(SGDSerialClientTrainer)["local_process"]},
         SGDClientTrainer: {
