@@ -156,7 +156,7 @@ def test_fedmedian_through_flower_is_the_coordinate_median(flower_task: None) ->
 
 
 def test_fedavgm_keeps_momentum_across_rounds(flower_task: None) -> None:
-    strategy = FedBalanceStrategy("fedavgm", aggregator_args={"beta": 0.9})
+    strategy = FedBalanceStrategy("fedavgm", aggregator_args={"beta": 0.9, "server_lr": 1.0})
     step1, _ = round_with(strategy, [(model_state(1), 10, None)])
     step2, _ = round_with(strategy, [(model_state(1), 10, None)])
     # Same global and same update twice: the second step also carries 0.9 of the first.
