@@ -290,7 +290,8 @@ CHANGES = """## What changed since the previous version, and why
   every bound off, as does fedloss_n. Each record lists the rounds in which a bound changed a
   weight.
 - **Feature noise** was added after normalisation, about 2.8x weaker in pixel units than
-  NIID-Bench's; it is now added in pixel units. The feature and mixed scenarios were rerun.
+  NIID-Bench's; it is now added in pixel units, and the feature and mixed scenarios run
+  again (the "Unfinished" line above says how far the grid has come).
 - **Statistics**: sample stds (n - 1) instead of population stds; the headline is final
   accuracy (mean of the last 5 rounds) instead of the best round; comparisons are per seed
   with paired tests; every claim has its own rule, printed beside its verdict.
