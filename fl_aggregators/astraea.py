@@ -85,6 +85,15 @@ class Astraea(FedAvg):
         """Clients per mediator this run uses (1 when mediators are off)."""
         return self.gamma if self.mediators else 1
 
+    def secure_refusal(self) -> str | None:
+        if self.mediators or self.augment:
+            return (
+                "'astraea' trains mediator chains on client models and rebalances client data "
+                "from their class counts; under secure aggregation the server sees only the "
+                "masked sum. Its aggregation alone (mediators: false, augment: false) can run"
+            )
+        return super().secure_refusal()
+
     def annotate(self, **extra: Any) -> None:
         """Keys the host adds to the next aggregation's record (``mediators``, ``kl``, ``bytes``)."""
         self._annotations.update(extra)

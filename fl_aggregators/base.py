@@ -12,6 +12,15 @@ parameters. :meth:`Aggregator.aggregate` does what is common to all of them:
    pass over the parameters; the compiled kernels report it while writing the output);
 4. if no client is left, keeps the global model unchanged and reports the round as skipped;
 5. records the aggregation (see :mod:`fl_aggregators.record`).
+
+Under secure aggregation the server never holds a client's model, only the sum of what the
+clients masked. An aggregator whose result is ``step(sum_i w_i x_i)`` with weights computed from
+scalars the clients report in clear (sample counts, validation losses) runs there in two halves:
+:meth:`Aggregator.weigh` turns the scalars into each client's weight (the same checks and
+bounds as :meth:`~Aggregator.aggregate`, on scalars), the clients scale their models by it
+before masking, and :meth:`Aggregator.finish` takes the unmasked sum. Aggregators that need the
+models themselves (the coordinate median, Astraea's mediators, ``update_clip``'s norms) say why
+in :meth:`Aggregator.secure_refusal` and refuse.
 """
 
 from __future__ import annotations
@@ -55,6 +64,22 @@ class AggregationResult:
     clients: list[Any] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     skipped: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Weighing:
+    """One round's weights computed from scalars alone (:meth:`Aggregator.weigh`).
+
+    ``weights`` has one entry per update, in input order, 0 for a rejected client, and sums to
+    1 over the accepted ones; ``updates`` are the scalar-only updates it was computed from.
+    """
+
+    round: int
+    clients: list[Any]
+    weights: list[float]
+    updates: Sequence[ClientUpdate]
+    rejected: dict[int, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -102,6 +127,10 @@ class Aggregator(ABC):
     # -- the common path --------------------------------------------------------------------
     def check(self, global_params: Params, update: ClientUpdate) -> str | None:
         """Why ``update`` must be left out this round (``None`` to accept it)."""
+        return self.check_scalars(update) or structure_mismatch(global_params, update.params)
+
+    def check_scalars(self, update: ClientUpdate) -> str | None:
+        """The part of :meth:`check` that reads only the sample count and the metrics."""
         n = update.num_samples
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             return f"num_samples must be a positive int, got {n!r}"
@@ -115,7 +144,7 @@ class Aggregator(ABC):
                 return f"metric {key!r} is not a number: {value!r}"
             if not math.isfinite(value) or value < 0:
                 return f"metric {key!r} must be finite and >= 0, got {value!r}"
-        return structure_mismatch(global_params, update.params)
+        return None
 
     def aggregate(
         self,
@@ -183,6 +212,113 @@ class Aggregator(ABC):
             extra=self._take_extra(),
         )
         self._record(host, ids, updates, result)
+        return result
+
+    # -- secure aggregation -----------------------------------------------------------------
+    def secure_refusal(self) -> str | None:
+        """Why this aggregator cannot run on a masked sum (``None``: it can, see
+        :meth:`weigh`). The default: it needs each client's model."""
+        return (
+            f"{self.name!r} needs each client's model, and under secure aggregation the server "
+            "sees only their masked sum"
+        )
+
+    def client_weights(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:
+        """Normalised weights of accepted clients from their scalars (linear aggregators)."""
+        raise NotImplementedError(f"{self.name!r} has no scalar weights")
+
+    def step(
+        self, global_tensors: list[torch.Tensor], average: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """The new global tensors from the weighted average (identity unless overridden)."""
+        return average
+
+    def weigh(self, updates: Sequence[ClientUpdate], *, round: int | None = None) -> Weighing:
+        """This round's client weights from sample counts and metrics alone.
+
+        ``updates`` need no parameters (``params`` is ignored). The checks and bounds are
+        :meth:`aggregate`'s that read scalars; a client the scalars reject gets weight 0.
+        """
+        reason = self.secure_refusal()
+        if reason is not None:
+            raise ValueError(f"secure aggregation: {reason}")
+        self.round = self.round + 1 if round is None else int(round)
+        self._take_extra()  # nothing left over from an earlier round
+        ids = [u.client_id if u.client_id is not None else i for i, u in enumerate(updates)]
+        rejected = {i: r for i, u in enumerate(updates) if (r := self.check_scalars(u)) is not None}
+        accepted = [i for i in range(len(updates)) if i not in rejected]
+        weights = torch.zeros(len(updates), dtype=torch.float64)
+        if accepted:
+            weights[accepted] = self.client_weights([updates[i] for i in accepted]).to(
+                torch.float64
+            )
+        return Weighing(
+            self.round, ids, weights.tolist(), updates, rejected, extra=self._take_extra()
+        )
+
+    def finish(
+        self,
+        global_params: Params,
+        weighted_sum: Params | None,
+        weighing: Weighing,
+        *,
+        dropped: Sequence[int] = (),
+        host: str = "python",
+        protocol: str = "secure",
+    ) -> AggregationResult:
+        """The round's result from ``sum_i w_i x_i`` over the clients that took part.
+
+        ``dropped`` are the indices (into ``weighing.updates``) of clients weighed but missing
+        from the sum: the others' weights are renormalised to sum to 1, so the result is their
+        weighted average (the bounds stay as weighed, with every client). ``None`` or a
+        non-finite sum keeps the global model (the round is skipped).
+        """
+        rejected = dict(weighing.rejected)
+        for i in dropped:
+            rejected.setdefault(i, "dropped out after its weight was computed")
+        w = torch.tensor(weighing.weights, dtype=torch.float64)
+        keep = torch.tensor([i not in rejected for i in range(len(w))], dtype=torch.bool)
+        w = torch.where(keep, w, torch.zeros_like(w))
+        # Renormalised only when a weighed client is missing: otherwise the weights are
+        # exactly the ones the clients applied.
+        mass = float(w.sum()) if len(rejected) > len(weighing.rejected) else 1.0
+        skipped = weighted_sum is None or float(w.sum()) <= 0
+        new_params = global_params
+        if not skipped:
+            assert weighted_sum is not None
+            average = [t.to(torch.float64) / mass for t in tensors_of(weighted_sum)]
+            g = tensors_of(global_params)
+            out = [o.to(t.dtype) for o, t in zip(self.step(g, average), g, strict=True)]
+            if all_finite_many(out):
+                self._commit()
+                new_params = rebuild(global_params, out)
+                w = w / mass
+            else:
+                log.warning(
+                    "%s round %s: the unmasked sum is not finite; global model kept",
+                    self.name,
+                    weighing.round,
+                )
+                skipped = True
+        if skipped:
+            w.zero_()
+        for i, reason in sorted(rejected.items()):
+            log.warning(
+                "%s round %s: rejected client %s: %s",
+                self.name,
+                weighing.round,
+                weighing.clients[i],
+                reason,
+            )
+        result = AggregationResult(
+            params=new_params,
+            weights=w.tolist(),
+            clients=list(weighing.clients),
+            rejected=[Rejection(weighing.clients[i], r) for i, r in sorted(rejected.items())],
+            skipped=skipped,
+            extra={**weighing.extra, "secure": protocol},
+        )
+        self._record(host, list(weighing.clients), weighing.updates, result)
         return result
 
     def _record(

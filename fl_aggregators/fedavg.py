@@ -123,6 +123,14 @@ class FedAvg(Aggregator):
         """Normalised aggregation weights of the accepted clients."""
         return normalize(self.bounded_counts(updates))
 
+    def secure_refusal(self) -> str | None:
+        if self.update_clip is not None:
+            return (
+                f"{self.name!r} with update_clip needs each client's update norm, and under "
+                "secure aggregation the server sees only the masked sum: set update_clip: null"
+            )
+        return None
+
     def _combine(
         self,
         global_tensors: list[torch.Tensor],
@@ -131,7 +139,7 @@ class FedAvg(Aggregator):
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         self._bounded = []  # a retried combine (after rejecting a client) notes afresh
         w = self.client_weights(updates)
-        return self.average(global_tensors, client_tensors, w), w
+        return self.step(global_tensors, self.average(global_tensors, client_tensors, w)), w
 
     def average(
         self,

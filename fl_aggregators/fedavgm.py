@@ -17,14 +17,13 @@ round, so tune both on validation data for another setting.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from fl_aggregators.fedavg import FedAvg
 from fl_aggregators.functional import momentum_step
-from fl_aggregators.update import ClientUpdate
 
 
 def _check_float(name: str, value: Any, low: float, high: float | None) -> float:
@@ -57,17 +56,12 @@ class FedAvgM(FedAvg):
         self.velocity: list[torch.Tensor] | None = None
         self._pending: list[torch.Tensor] | None = None
 
-    def _combine(
-        self,
-        global_tensors: list[torch.Tensor],
-        updates: Sequence[ClientUpdate],
-        client_tensors: list[list[torch.Tensor]],
-    ) -> tuple[list[torch.Tensor], torch.Tensor]:
-        self._bounded = []
-        w = self.client_weights(updates)
+    def step(
+        self, global_tensors: list[torch.Tensor], average: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """``g + server_lr * v``, ``v = beta * v_prev + (average - g)`` (kept until commit)."""
         out, velocity = [], []
-        averages = self.average(global_tensors, client_tensors, w)
-        for j, (g, avg) in enumerate(zip(global_tensors, averages, strict=True)):
+        for j, (g, avg) in enumerate(zip(global_tensors, average, strict=True)):
             if not g.is_floating_point():
                 out.append(avg)
                 velocity.append(torch.zeros(0))
@@ -77,7 +71,7 @@ class FedAvgM(FedAvg):
             out.append(new.to(g.dtype))
             velocity.append(v)
         self._pending = velocity
-        return out, w
+        return out
 
     def _commit(self) -> None:
         self.velocity, self._pending = self._pending, None
