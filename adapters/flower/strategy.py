@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_adapters.checkpoint import NAME, Checkpoint, restore_sampler, sampler_state
@@ -178,6 +179,11 @@ class FedBalanceStrategy(FedAvg):
         #: The global model the current round's clients started from (what a skipped round
         #: keeps, and what FedAvgM's momentum and the update bounds are measured against).
         self.global_params: dict[str, torch.Tensor] | None = None
+        #: The strategy driving this one when it is wrapped (Flower's DP wrappers), found at
+        #: the first round; ``None`` while this strategy's own ``start`` drives it.
+        self.wrapper: Any = None
+        self._driver_known = False
+        self._privacy_warned = False
 
     def summary(self) -> None:
         log.info("fedbalance aggregator: %r (host %s, seed %s)", self.aggregator, HOST, self.seed)
@@ -254,6 +260,13 @@ class FedBalanceStrategy(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """This round's train messages (:meth:`train_messages`), the round numbered in the run."""
+        if not self._driver_known:
+            # The strategy calling this one, if any: a wrapper's own start drives the rounds
+            # (Flower's DP wrappers delegate configure_train to the strategy they wrap).
+            caller = sys._getframe(1).f_locals.get("self")
+            self._driver_known = True
+            if isinstance(caller, Strategy) and caller is not self:
+                self.wrapped_by(caller)
         self.global_params = to_state_dict(arrays)
         return self.train_messages(server_round + self.round_offset, arrays, config, grid)
 
@@ -271,9 +284,35 @@ class FedBalanceStrategy(FedAvg):
             MessageType.TRAIN,
         )
 
+    def wrapped_by(self, wrapper: Strategy) -> None:
+        """Check, before the first round, that this strategy can serve under ``wrapper``;
+        raises :class:`~fl_adapters.config.ConfigError` naming what cannot (see
+        :mod:`fl_adapters.flower.privacy`)."""
+        from fl_adapters.flower import privacy
+
+        self.wrapper = wrapper
+        what = f"{type(wrapper).__name__} wrapping FedBalanceStrategy({self.aggregator.name!r})"
+        if self.resume_from is not None:
+            raise ConfigError(
+                f"{what}: resume_from is set, but the wrapper's start is Flower's, which knows "
+                "no checkpoint and would run every round again from the initial model; resume "
+                "without the wrapper, or start afresh"
+            )
+        if privacy.is_dp_wrapper(wrapper):
+            reason = privacy.privacy_refusal(self.aggregator)
+            if reason is not None:
+                raise ConfigError(
+                    f"{what}: {reason}. Weighted means that can run under it: fedavg, fedloss, "
+                    "fedloss_n, fedavgm with beta 0"
+                )
+        log.info("FedBalanceStrategy(%r) runs inside %r", self.aggregator.name, wrapper)
+
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        if self.wrapper is not None:
+            # The model the wrapper kept (with its noise): what the checkpoint must hold.
+            self.round_params = to_state_dict(arrays)
         return self._configure(
             server_round + self.round_offset,
             arrays,
@@ -325,11 +364,37 @@ class FedBalanceStrategy(FedAvg):
                 "fedbalance-accepted": len(updates) - len(result.rejected),
                 "fedbalance-rejected": len(result.rejected),
                 **weighted_metrics(updates, result.weights),
+                **self.privacy_metrics(server_round, result),
             }
         )
         if result.skipped:
             return None, metrics
         return to_array_record(result.params), metrics
+
+    def privacy_metrics(self, server_round: int, result: AggregationResult) -> dict[str, float]:
+        """Under a DP wrapper: the round's effective noise multiplier (a warning the first
+        time it is below the wrapper's)."""
+        from fl_adapters.flower import privacy
+
+        if self.wrapper is None or not privacy.is_dp_wrapper(self.wrapper) or result.skipped:
+            return {}
+        z = float(self.wrapper.noise_multiplier)
+        z_eff = privacy.effective_noise_multiplier(self.wrapper, self.aggregator, result.weights)
+        if z_eff < z * (1 - 1e-9) and not self._privacy_warned:
+            self._privacy_warned = True
+            log.warning(
+                "round %s: %s weighs clients unequally (largest weight %.3g of %d), so the "
+                "wrapper's noise multiplier %.3g protects the heaviest client like %.3g; each "
+                "round's value is in the train metrics as %r",
+                server_round,
+                self.aggregator.name,
+                max(result.weights),
+                self.wrapper.num_sampled_clients,
+                z,
+                z_eff,
+                privacy.Z_EFFECTIVE,
+            )
+        return {privacy.Z_EFFECTIVE: z_eff}
 
     def aggregated(self, result: AggregationResult) -> None:
         """After every aggregation: keep the round's model and call ``on_round``."""

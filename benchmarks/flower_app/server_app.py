@@ -15,6 +15,7 @@ from flwr.serverapp.strategy import Result
 
 from fedbalance_benchmarks.flower_app.task import CLIENT_KEYS, model_of, run_config_of
 from fl_adapters.flower.payload import to_array_record, to_state_dict
+from fl_adapters.flower.privacy import wrap_from_run_config
 from fl_adapters.flower.strategy import strategy_from_run_config
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,9 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> Result:
     torch.manual_seed(int(run_config["seed"]))  # the initial model, as the other hosts seed it
     model = model_of(run_config)
     client_config = {k: run_config[k] for k in CLIENT_KEYS}
-    result = strategy.start(
+    # Flower's DP wrapper around it when the run config asks (dp = "server-fixed", ...).
+    driver = wrap_from_run_config(strategy, run_config, per_round)
+    result = driver.start(
         grid=grid,
         initial_arrays=to_array_record(model.state_dict()),
         num_rounds=int(run_config["num-server-rounds"]),

@@ -1,0 +1,143 @@
+"""fedbalance's strategy inside Flower's differential-privacy wrappers.
+
+Flower 1.41's central-DP wrappers (``DifferentialPrivacy{Server,Client}Side{Fixed,Adaptive}
+Clipping``) clip each client's update to norm ``C`` and add Gaussian noise of standard deviation
+``z C / n`` to the aggregate, ``n`` the clients sampled a round. That noise is calibrated to a
+*uniform* mean: one client moves ``sum_i w_i x_i`` by at most ``w_i C``, which is ``C / n`` only
+when every ``w_i = 1 / n``. Under any other weights -- sample counts (Flower's own ``FedAvg``
+too), validation losses (FedLoss) -- the noise protects the heaviest client of a round as a
+noise multiplier of
+
+    z_eff = z / (n * server_lr * max_i w_i)
+
+would (``server_lr`` is FedAvgM's; 1 otherwise), which is below ``z`` whenever the weights are
+not uniform. Every round's train metrics carry ``fedbalance-dp-z-effective``; the first round in
+which it falls below ``z`` logs a warning. The wrappers' privacy *accountant* promises an
+epsilon for uniform FedAvg only, and Flower refuses it for any other ``aggregate_train`` (ours
+included) when the wrapper is built.
+
+What is refused, before the first round is sent (:func:`privacy_refusal`): an aggregator that is
+not a weighted mean (a coordinate median's sensitivity is not ``C / n``), Astraea's mediators (the wrapper clips a mediator's
+chain, not a client's update), FedAvgM with momentum (``beta > 0`` re-applies earlier rounds'
+noise-free averages to every later release), and ``resume_from`` (the wrapper's ``start`` is
+Flower's, which knows no checkpoint). The validation losses FedLoss weighs by travel in clear,
+like every metric: the wrappers protect the model updates only.
+
+fedbalance's Flower app takes the server-side wrappers from its run config
+(:func:`wrap_from_run_config`)::
+
+    dp = "server-fixed"            # or "server-adaptive"; "" (default): no wrapper
+    dp-noise-multiplier = 1.0
+    dp-clipping-norm = 10.0        # the initial norm for server-adaptive
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyServerSideAdaptiveClipping,
+    DifferentialPrivacyServerSideFixedClipping,
+    Strategy,
+)
+from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdaptiveBase
+from flwr.serverapp.strategy.dp_fixed_clipping import DifferentialPrivacyFixedClippingBase
+
+from fl_adapters.config import ConfigError
+from fl_adapters.flower.config import WHERE
+from fl_aggregators import Aggregator, FedAvg
+
+#: Flower's central-DP strategy wrappers (server- and client-side, fixed and adaptive).
+DP_WRAPPERS = (DifferentialPrivacyFixedClippingBase, DifferentialPrivacyAdaptiveBase)
+
+#: The train-metrics key of each round's effective noise multiplier.
+Z_EFFECTIVE = "fedbalance-dp-z-effective"
+
+
+def is_dp_wrapper(strategy: Any) -> bool:
+    return isinstance(strategy, DP_WRAPPERS)
+
+
+def privacy_refusal(aggregator: Aggregator) -> str | None:
+    """Why ``aggregator`` inside a DP wrapper would make the wrapper's noise meaningless."""
+    if getattr(aggregator, "mediated", False) and (
+        getattr(aggregator, "mediators", True) or getattr(aggregator, "augment", True)
+    ):
+        return (
+            "Astraea's mediators train client chains, so the wrapper would clip a mediator's "
+            "model, not one client's update"
+        )
+    if not isinstance(aggregator, FedAvg):
+        return (
+            f"{aggregator.name!r} is not a weighted mean of the client models: the wrapper's "
+            "noise z*C/n is calibrated to a mean's sensitivity, which a coordinate median (or "
+            "an aggregator fedbalance cannot inspect) does not have"
+        )
+    beta = float(getattr(aggregator, "beta", 0.0))
+    if beta > 0:
+        return (
+            f"{aggregator.name!r} with beta={beta} (server momentum) adds earlier "
+            "rounds' noise-free averages to every later model, outside the wrapper's noise; "
+            "beta: 0 keeps the guarantee's form"
+        )
+    return None
+
+
+def effective_noise_multiplier(
+    wrapper: Any, aggregator: Aggregator, weights: Sequence[float]
+) -> float:
+    """``z / (n * server_lr * max_i w_i)``: the noise multiplier the heaviest client of the
+    round got (see the module docstring); ``z`` itself for a uniform mean."""
+    top = max(weights, default=0.0) * float(getattr(aggregator, "server_lr", 1.0))
+    if top <= 0:
+        return float("inf")
+    return float(wrapper.noise_multiplier) / (int(wrapper.num_sampled_clients) * top)
+
+
+#: Run-config keys of the app's DP option (``dp`` "" leaves the strategy unwrapped).
+DP_KEY = "dp"
+NOISE_KEY = "dp-noise-multiplier"
+CLIP_KEY = "dp-clipping-norm"
+#: ``dp`` values: the server-side wrappers, which need nothing on the ClientApp. The
+#: client-side ones need ``fixedclipping_mod`` / ``adaptiveclipping_mod`` in the ClientApp's
+#: mods: wrap the strategy in them in your own ServerApp (the same checks apply).
+DP_KINDS = ("server-fixed", "server-adaptive")
+
+
+def _positive(run_config: Mapping[str, Any], key: str, *, zero_ok: bool) -> float:
+    value = run_config.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isfinite(value) and (value > 0 or (zero_ok and value == 0)):
+            return float(value)
+    want = "a finite float >= 0" if zero_ok else "a finite float > 0"
+    raise ConfigError(f"{WHERE} {key} must be {want} when {DP_KEY} is set, got {value!r}")
+
+
+def wrap_from_run_config(
+    strategy: Strategy, run_config: Mapping[str, Any], clients_per_round: int
+) -> Strategy:
+    """``strategy`` in the DP wrapper the run config's ``dp`` names, or as is (``dp`` "").
+
+    ``dp-noise-multiplier`` is the wrapper's ``z``; ``dp-clipping-norm`` its clipping norm
+    (the initial one for ``server-adaptive``); ``clients_per_round`` its
+    ``num_sampled_clients``. Drive the rounds with the returned strategy's ``start``.
+    """
+    kind = run_config.get(DP_KEY, "")
+    if kind in ("", None):
+        return strategy
+    if kind not in DP_KINDS:
+        raise ConfigError(
+            f"{WHERE} {DP_KEY} must be one of {', '.join(map(repr, ('', *DP_KINDS)))}, got {kind!r}"
+        )
+    z = _positive(run_config, NOISE_KEY, zero_ok=True)
+    clip = _positive(run_config, CLIP_KEY, zero_ok=False)
+    try:
+        if kind == "server-fixed":
+            return DifferentialPrivacyServerSideFixedClipping(strategy, z, clip, clients_per_round)
+        return DifferentialPrivacyServerSideAdaptiveClipping(
+            strategy, z, clients_per_round, initial_clipping_norm=clip
+        )
+    except ValueError as e:  # Flower's own checks, e.g. adaptive clipping's noise budget
+        raise ConfigError(f"{WHERE} {DP_KEY} = {kind!r} with {NOISE_KEY} = {z}: {e}") from e
