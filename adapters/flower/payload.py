@@ -95,24 +95,29 @@ def make_reply(
     return Message(content=content, reply_to=msg)
 
 
-def reply_to_update(msg: Message) -> ClientUpdate:
+def reply_to_update(msg: Message, *, with_params: bool = True) -> ClientUpdate:
     """One client's train reply as a fedbalance :class:`~fl_aggregators.ClientUpdate`.
 
-    The client is named by its reported ``client-id``, else by its Flower node id.
+    The client is named by its reported ``client-id``, else by its Flower node id. With
+    ``with_params=False`` the reply carries metrics only (secure aggregation's first phase)
+    and the update's ``params`` is ``None``.
     """
     content = msg.content
     arrays = list(content.array_records.values())
     metric_records = list(content.metric_records.values())
     node = msg.metadata.src_node_id
-    if len(arrays) != 1 or len(metric_records) != 1:
+    if len(arrays) != int(with_params) or len(metric_records) != 1:
         log.warning(
-            "node %s replied with %d ArrayRecord(s) and %d MetricRecord(s), not one of each",
+            "node %s replied with %d ArrayRecord(s) and %d MetricRecord(s), not %d and 1",
             node,
             len(arrays),
             len(metric_records),
+            int(with_params),
         )
     # An empty params dict differs from the global model's keys: the aggregator rejects it.
-    params = to_state_dict(arrays[0]) if len(arrays) == 1 else OrderedDict()
+    params: Any = to_state_dict(arrays[0]) if len(arrays) == 1 else OrderedDict()
+    if not with_params:
+        params = None
     metrics = dict(metric_records[0]) if len(metric_records) == 1 else {}
     num_samples = metrics.pop(NUM_EXAMPLES, None)
     client = metrics.pop(CLIENT_ID, None)

@@ -1,0 +1,326 @@
+"""FedAvg, FedAvgM, FedLoss and FedLoss-n under Flower's SecAgg+: the server never sees a model.
+
+Flower 1.41's ``SecAggPlusWorkflow`` (legacy API) unmasks ``sum_i n_i x_i / sum_i n_i`` and
+hands a strategy only that sum, so a loss-weighted or bounded rule has nothing to weigh. These
+aggregators are linear in the client models, with weights computed from scalars, so each round
+runs in two phases (:class:`SecAggPlusStrategy`):
+
+1. **Weigh.** The round's train messages go out as usual (marked ``fedbalance-secure =
+   "weigh"``); each client trains, and :func:`secagg_mod` keeps the trained model in the node's
+   state and replies with its metrics only (``num-examples``, ``val_loss``, ``client-id``,
+   in clear). The aggregator turns them into weights (:meth:`~fl_aggregators.Aggregator.weigh`:
+   the same checks and bounds as in clear).
+2. **Mask.** Flower's own ``SecAggPlusWorkflow`` runs over the accepted clients; each client
+   multiplies its kept model by ``m * w_i`` (``m`` the clients weighed; the factor travels in
+   its fit instructions) and masks it, weight 1 in the protocol, so the unmasked result is
+   ``sum_i w_i x_i``. :meth:`~fl_aggregators.Aggregator.finish` takes it from there (FedAvgM's
+   momentum acts on the sum). A client that drops out after phase 1 is left out and the
+   others' weights are renormalised; the bounds stay as weighed with it.
+
+The unmasked sum equals the in-clear aggregate up to SecAgg+'s quantization: each client's
+values are rounded to ``2 * clipping_range / quantization_range`` (about 4e-6 with the
+defaults), and values beyond ``clipping_range`` (8) are clipped, so keep ``m * w_i * x`` inside
+it (``clipping_range`` is an argument). A round with fewer than two accepted clients is skipped:
+the sum of one model is that model. Refused (:class:`~fl_adapters.config.ConfigError` when the
+strategy is built): aggregators that need the models (FedMedian, Astraea's mediators,
+``update_clip``; see :meth:`~fl_aggregators.Aggregator.secure_refusal`).
+
+The ClientApp adds one mod, nothing else changes::
+
+    app = ClientApp(mods=[secagg_mod])   # fedbalance's, which runs Flower's secaggplus_mod
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any, cast
+
+import numpy as np
+import torch
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import (
+    Code,
+    FitIns,
+    FitRes,
+    Parameters,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common import recorddict_compat as compat
+from flwr.server import ServerConfig
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.server.compat.legacy_context import LegacyContext
+from flwr.server.strategy import Strategy as LegacyStrategy
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+from flwr.serverapp import Grid
+
+from fl_adapters.config import ConfigError
+from fl_adapters.flower.config import AGGREGATOR_KEY, WHERE
+from fl_adapters.flower.payload import reply_to_update, to_array_record
+from fl_adapters.flower.strategy import FedBalanceStrategy, weighted_metrics
+from fl_aggregators import ClientUpdate
+
+log = logging.getLogger(__name__)
+
+#: Train-config key marking phase 1 ("weigh").
+SECURE_KEY = "fedbalance-secure"
+#: Fit-instruction key: the factor ``m * w_i`` the client scales its kept model by.
+SCALE_KEY = "fedbalance-scale"
+#: The node-state ArrayRecord that keeps the trained model between the phases.
+KEPT = "fedbalance-secure-model"
+PROTOCOL = "secagg+"
+
+
+class SecAggPlusStrategy(FedBalanceStrategy):
+    """:class:`~fl_adapters.flower.strategy.FedBalanceStrategy` whose training rounds run under
+    SecAgg+ (see the module docstring).
+
+    Parameters
+    ----------
+    num_shares, reconstruction_threshold : SecAgg+'s (ints, or fractions of the round's
+        clients); a client may drop out while ``reconstruction_threshold`` shares survive.
+    clipping_range, quantization_range, modulus_range, timeout : SecAgg+'s quantization and
+        per-stage timeout (Flower's defaults).
+    **kwargs : :class:`FedBalanceStrategy`'s.
+    """
+
+    def __init__(
+        self,
+        aggregator: Any = "fedavg",
+        *,
+        num_shares: int | float = 1.0,
+        reconstruction_threshold: int | float = 0.5,
+        clipping_range: float = 8.0,
+        quantization_range: int = 4194304,
+        modulus_range: int = 4294967296,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(aggregator, **kwargs)
+        reason = self.aggregator.secure_refusal()
+        if reason is not None:
+            raise ConfigError(
+                f"{WHERE} {AGGREGATOR_KEY} = {self.aggregator.name!r} cannot run under SecAgg+: "
+                f"{reason}. Those that can: fedavg, fedavgm, fedloss, fedloss_n (without "
+                "update_clip)"
+            )
+        # Flower checks its own parameters here (e.g. the threshold against the shares).
+        self.workflow = SecAggPlusWorkflow(
+            num_shares,
+            reconstruction_threshold,
+            max_weight=1.0,  # every client weighs 1 in the protocol: its w_i is in its model
+            clipping_range=clipping_range,
+            quantization_range=quantization_range,
+            modulus_range=modulus_range,
+            timeout=timeout,
+        )
+        self._grid: Grid | None = None
+
+    def train_messages(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._grid = grid
+        config = ConfigRecord({**dict(config), SECURE_KEY: "weigh"})
+        return super().train_messages(server_round, arrays, config, grid)
+
+    def aggregate_replies(
+        self, server_round: int, replies: list[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Weigh the clients from their metrics, run SecAgg+ over them, finish the round."""
+        if self.global_params is None or self._grid is None:
+            raise RuntimeError("aggregate_train before configure_train: no global model")
+        ok = [m for m in replies if not m.has_error()]
+        for msg in replies:
+            if msg.has_error():
+                log.warning(
+                    "round %s: node %s replied with an error: %s",
+                    server_round,
+                    msg.metadata.src_node_id,
+                    msg.error.reason,
+                )
+        pairs = sorted(
+            ((reply_to_update(m, with_params=False), m.metadata.src_node_id) for m in ok),
+            key=lambda p: (not isinstance(p[0].client_id, int), str(p[0].client_id).zfill(20)),
+        )
+        updates: list[ClientUpdate] = [u for u, _ in pairs]
+        weighing = self.aggregator.weigh(updates, round=server_round)
+        chosen = {
+            node: (i, w)
+            for i, ((_, node), w) in enumerate(zip(pairs, weighing.weights, strict=True))
+            if w > 0
+        }
+        summed: dict[str, torch.Tensor] | None = None
+        dropped: list[int] = []
+        if len(chosen) < 2:
+            log.warning(
+                "round %s: %d client(s) accepted; secure aggregation needs 2 (the sum of one "
+                "model is that model): global model kept",
+                server_round,
+                len(chosen),
+            )
+        else:
+            summed, survivors = self._secure_sum(server_round, chosen)
+            dropped = [i for node, (i, _) in chosen.items() if node not in survivors]
+        result = self.aggregator.finish(
+            self.global_params,
+            summed,
+            weighing,
+            dropped=dropped,
+            host=self.host,
+            protocol=PROTOCOL,
+        )
+        self.aggregated(result)
+        metrics = MetricRecord(
+            {
+                "fedbalance-accepted": len(updates) - len(result.rejected),
+                "fedbalance-rejected": len(result.rejected),
+                **weighted_metrics(updates, result.weights),
+            }
+        )
+        if result.skipped:
+            return None, metrics
+        return to_array_record(result.params), metrics
+
+    def _secure_sum(
+        self, server_round: int, chosen: dict[int, tuple[int, float]]
+    ) -> tuple[dict[str, torch.Tensor] | None, set[int]]:
+        """``sum_i w_i x_i`` over the clients that finished SecAgg+, and their node ids."""
+        assert self._grid is not None and self.global_params is not None
+        m = len(chosen)
+        shim = _Round(self._grid, {node: m * w for node, (_, w) in chosen.items()}, server_round)
+        context = LegacyContext(
+            Context(
+                run_id=_run_id(self._grid),
+                node_id=0,
+                node_config={},
+                state=RecordDict(),
+                run_config={},
+            ),
+            config=ServerConfig(num_rounds=1),
+            strategy=shim,
+            client_manager=SimpleClientManager(),
+        )
+        context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord(
+            {Key.CURRENT_ROUND: server_round}
+        )
+        context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
+        self.workflow(self._grid, context)
+        if shim.unmasked is None:
+            log.warning("round %s: SecAgg+ did not finish; global model kept", server_round)
+            return None, set()
+        survivors = {proxy.node_id for proxy in shim.survivors}
+        # SecAgg+ divides by the survivors' count (each weighs 1): undo that.
+        factor = len(survivors) / m
+        keys = list(self.global_params)
+        if len(shim.unmasked) != len(keys):
+            raise RuntimeError(
+                f"SecAgg+ returned {len(shim.unmasked)} arrays for a model of {len(keys)}"
+            )
+        summed = OrderedDict(
+            (k, torch.from_numpy(np.asarray(a, dtype=np.float64) * factor))
+            for k, a in zip(keys, shim.unmasked, strict=True)
+        )
+        return summed, survivors
+
+
+def _run_id(grid: Grid) -> int:
+    run = getattr(grid, "run", None)
+    return int(getattr(run, "run_id", 0) or 0)
+
+
+class _Round(LegacyStrategy):
+    """The legacy strategy SecAgg+ drives for one round: fit instructions carrying each
+    client's scale, and the unmasked sum kept for :class:`SecAggPlusStrategy`."""
+
+    def __init__(self, grid: Grid, scales: dict[int, float], server_round: int) -> None:
+        self.grid = grid
+        self.scales = scales
+        self.server_round = server_round
+        self.unmasked: list[np.ndarray] | None = None
+        self.survivors: list[Any] = []
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: Any) -> Any:
+        run_id = _run_id(self.grid)
+        empty = Parameters(tensors=[], tensor_type="numpy.ndarray")  # the model stays on the node
+        return [
+            (
+                GridClientProxy(node, self.grid, run_id),
+                FitIns(empty, {SCALE_KEY: scale, "server-round": self.server_round}),
+            )
+            for node, scale in sorted(self.scales.items())
+        ]
+
+    def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
+        if results:
+            self.unmasked = parameters_to_ndarrays(results[0][1].parameters)
+            self.survivors = [proxy for proxy, _ in results]
+        return None, {}  # the outer strategy builds the model
+
+    def initialize_parameters(self, client_manager: Any) -> Any:
+        return None
+
+    def configure_evaluate(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, results: Any, failures: Any) -> Any:
+        return None, {}
+
+    def evaluate(self, server_round: int, parameters: Any) -> Any:
+        return None
+
+
+# -- the ClientApp side -------------------------------------------------------------------------
+def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """The ClientApp mod for :class:`SecAggPlusStrategy` (see the module docstring).
+
+    Phase 1 (a train message marked ``weigh``): the app's own train handler runs; its trained
+    model stays in the node's state and the reply carries its metrics only. Phase 2 (SecAgg+'s
+    stages): Flower's ``secaggplus_mod`` masks the kept model, scaled by the factor in the fit
+    instructions. Other messages pass through untouched.
+    """
+    if msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, context)
+    if RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, _kept_model_reply)
+    configs = list(msg.content.config_records.values())
+    if not any(c.get(SECURE_KEY) == "weigh" for c in configs):
+        return call_next(msg, context)
+    out = call_next(msg, context)
+    if out.has_error():
+        return out
+    names = list(out.content.array_records.keys())
+    if len(names) != 1:
+        raise ValueError(f"the train handler replied with {len(names)} ArrayRecords, not 1")
+    context.state.array_records[KEPT] = out.content.array_records[names[0]]
+    del out.content[names[0]]  # the model never leaves the node in clear
+    return out
+
+
+def _kept_model_reply(msg: Message, context: Context) -> Message:
+    """SecAgg+'s "fit": the model kept in phase 1, times this client's scale, weight 1."""
+    fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
+    scale = fitins.config.get(SCALE_KEY)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise ValueError(f"SecAgg+ fit instructions carry no {SCALE_KEY!r}: {fitins.config}")
+    if KEPT not in context.state.array_records:
+        raise ValueError("SecAgg+ asked for a model, but this node trained none this round")
+    kept = cast(ArrayRecord, context.state.array_records.pop(KEPT))
+    arrays = [np.asarray(a, dtype=np.float64) * float(scale) for a in kept.to_numpy_ndarrays()]
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 1, {})
+    return Message(content=compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=msg)
