@@ -17,12 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from helpers import check_fedloss_records, records
+
+from fl_aggregators import ClientUpdate, FedLoss
 
 pytest.importorskip("fedml")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "benchmarks" / "fedml_example"
+HOSTS = Path(__file__).resolve().parent / "hosts"
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
 needs_mpi = pytest.mark.skipif(
     shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed"
@@ -294,20 +298,100 @@ def test_fedprox_beside_fedloss_stops_before_training_in_sp(tmp_path: Path) -> N
     assert not rec.exists() and not final_test_metrics(out.stdout)  # nothing trained
 
 
+#: Fixed point with 20 fractional bits modulo a prime below 2**30 (fl_adapters.fedml.secure).
+LSA_ARGS = {"federated_optimizer": "LSA", "prime_number": 1073741789, "precision_parameter": 20}
+
+
 @pytest.mark.slow
 @needs_mpi
-def test_lightsecagg_beside_fedloss_stops_instead_of_hanging(tmp_path: Path) -> None:
+def test_fedloss_under_lightsecagg_equals_fedloss_in_clear(tmp_path: Path) -> None:
     """Cross-silo LightSecAgg over MPI with ``aggregator: fedloss`` used to hang on an
-    IndexError in the clients' masking; every rank now stops in ``fedml.init()``."""
-    cfg = config(
-        tmp_path, "cross_silo.yaml", federated_optimizer="LSA", prime_number=32749,
-        precision_parameter=10,
-    )  # fmt: skip
+    IndexError in the clients' masking. Now every client scales its model by its FedLoss weight
+    before masking, and the server's unmasked result is FedLoss of the very models the clients
+    trained (saved on the clients by a test-only hook), up to LightSecAgg's 2**-20 rounding."""
+    rec, dump = tmp_path / "rec.jsonl", tmp_path / "dump"
+    dump.mkdir()
     start = time.monotonic()
-    out = run_host(tmp_path, cfg, processes=3)
-    assert out.returncode != 0
-    assert refusal("LSA", "fedml-cross-silo") in out.stdout + out.stderr
+    out = run_host(
+        tmp_path, config(tmp_path, "cross_silo.yaml", **LSA_ARGS), processes=3,
+        script=HOSTS / "fedml_lsa_dump.py", FEDBALANCE_RECORD=str(rec), FEDBALANCE_DUMP=str(dump),
+    )  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert time.monotonic() - start < 120
+    entries = records(rec)
+    assert [e["round"] for e in entries] == [1, 2]
+    for entry in entries:
+        r = entry["round"]
+        assert entry["host"] == "fedml-cross-silo" and entry["secure"] == "lightsecagg"
+        models = [torch.load(dump / f"r{r}_c{rank}.pt") for rank in (1, 2)]  # in sender order
+        updates = [
+            ClientUpdate(params=m, num_samples=n, metrics=metrics, client_id=c)
+            for m, n, metrics, c in zip(
+                models, entry["num_samples"], entry["metrics"], entry["clients"], strict=True
+            )
+        ]
+        clear = FedLoss().aggregate(models[0], updates)
+        assert entry["weights"] == pytest.approx(clear.weights, abs=1e-12)
+        assert entry["weights"][0] != pytest.approx(0.5, abs=1e-3)  # not a uniform mean
+        got = torch.load(dump / f"r{r}_server.pt")
+        for key, value in clear.params.items():
+            diff = (got[key].double() - value.double()).abs().max().item()
+            assert diff <= 2 * 2**-20, (r, key, diff)
+        # FedML seeds numpy alike on every rank; the masks now come from os.urandom.
+        masks = {(dump / f"r{r}_c{rank}.mask").read_text() for rank in (1, 2)}
+        assert len(masks) == 2
+
+
+@pytest.mark.slow
+def test_lightsecagg_refuses_what_needs_the_models(tmp_path: Path) -> None:
+    """In the real ``fedml.init()`` (cross-silo over gRPC: one process is a whole rank)."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, sys\n"
+        "import fedml\n"
+        "from fedml.arguments import load_arguments\n"
+        "out, result = {}, sys.argv[3]\n"
+        "argv = [sys.argv[0], '--cf', sys.argv[1], '--rank', '0', '--role', 'server']\n"
+        "for case, change in json.loads(sys.argv[2]).items():\n"
+        "    sys.argv = list(argv)\n"
+        "    args = load_arguments(fedml._global_training_type, fedml._global_comm_backend)\n"
+        "    for k, v in change.items():\n"
+        "        setattr(args, k, v)\n"
+        "    try:\n"
+        "        fedml.init(args)\n"
+        "        out[case] = 'ran'\n"
+        "    except ValueError as e:\n"
+        "        out[case] = str(e)\n"
+        "open(result, 'w').write(json.dumps(out))\n"  # FedML rewrites stdout
+    )
+    cases = {
+        "fedloss": {},
+        "fedmedian": {"aggregator": "fedmedian"},
+        "astraea": {"aggregator": "astraea"},
+        "update_clip": {"aggregator_args": {"update_clip": 2.0}},
+        "checkpoint": {"checkpoint_dir": str(tmp_path / "ckpt")},
+        "no_prime": {"prime_number": None},
+    }
+    cfg = config(tmp_path, "cross_silo_grpc.yaml", **LSA_ARGS)
+    shutil.copy(EXAMPLE / "grpc_ipconfig.csv", tmp_path)  # read by fedml.init over gRPC
+    result = tmp_path / "result.json"
+    argv = [sys.executable, str(script), str(cfg), json.dumps(cases), str(result)]
+    out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.exists(), (out.stdout + out.stderr)[-3000:]
+    got = json.loads(result.read_text())
+    assert got["fedloss"] == "ran"
+    for case, words in [
+        ("fedmedian", "needs each client's model"),
+        ("astraea", "mediator"),
+        ("update_clip", "update_clip"),
+    ]:
+        assert (
+            got[case].startswith("aggregator: ")
+            and "cannot run under federated_optimizer: LSA" in got[case]
+        )
+        assert words in got[case], got[case]
+    assert "checkpoint_dir cannot take effect with federated_optimizer: LSA" in got["checkpoint"]
+    assert "needs prime_number" in got["no_prime"]
 
 
 @pytest.mark.slow
@@ -340,12 +424,12 @@ def test_every_bypassing_optimizer_is_refused_by_fedml_init(tmp_path: Path) -> N
         "open(result, 'w').write(json.dumps(out))\n"  # FedML rewrites stdout
     )
     # Every value in sp; in MPI simulation those it has a simulator for; cross-silo accepts only
-    # FedAvg, LSA and SA. Cross-silo runs over gRPC here: one process is a whole rank there (over
+    # FedAvg, LSA (which fedbalance runs: the test above) and SA. Cross-silo runs over gRPC here: one process is a whole rank there (over
     # MPI FedML's own init first asks for worker_num + 1 processes); the refusal is the same.
     cases = (
         ("sp.yaml", "fedml-sp", sorted(BYPASSING)),
         ("mpi.yaml", "fedml-mpi", ["Async_FedAvg", "FedAvg_seq", "FedNova", "FedOpt", "FedProx"]),
-        ("cross_silo_grpc.yaml", "fedml-cross-silo", ["LSA", "SA"]),
+        ("cross_silo_grpc.yaml", "fedml-cross-silo", ["SA"]),
     )
     for name, host, optimizers in cases:
         cfg = config(tmp_path, name)

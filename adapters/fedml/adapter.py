@@ -58,6 +58,8 @@ STATE: dict[str, Any] = {}
 #: The ``federated_optimizer`` whose path runs through the wrapped aggregation point and client
 #: training, in every mode.
 WRAPPED_OPTIMIZER = "FedAvg"
+#: Cross-silo LightSecAgg: the aggregators that work on a masked sum run there.
+SECURE_OPTIMIZER = "LSA"
 #: Why each other ``federated_optimizer`` of FedML 0.9.6 cannot take a fedbalance aggregator:
 #: its code aggregates (or trains) in classes fedbalance does not wrap.
 BYPASSING = {
@@ -75,18 +77,21 @@ BYPASSING = {
     "validation loss) and aggregates twice a round (group and global)",
     "FedAvg_seq": "FedML's FedAvg_seq aggregates in its own fedavg_seq FedAVGAggregator",
     "Async_FedAvg": "FedML's Async_FedAvg applies each client's model as it arrives",
-    "LSA": "FedML's LightSecAgg server only ever sees the masked sum of the clients' models "
-    "and averages it uniformly, never calling a server aggregator",
+    "LSA": "FedML's LightSecAgg exists in cross-silo only (fedbalance runs it there)",
     "SA": "FedML's SecAgg server only ever sees masked models (and FedML 0.9.6 does not ship "
     "its cross_silo.secagg module)",
 }
 
 
-def check_optimizer(args: Any, host: str, name: str) -> None:
+def check_optimizer(args: Any, host: str, name: str, agg: Aggregator | None = None) -> None:
     """Stop before training when ``federated_optimizer`` bypasses fedbalance's aggregation:
-    the aggregator the user wrote would otherwise be silently unused."""
+    the aggregator the user wrote would otherwise be silently unused. Cross-silo ``LSA`` runs
+    the aggregators that can work on a masked sum (:mod:`fl_adapters.fedml.secure`)."""
     optimizer = str(getattr(args, "federated_optimizer", WRAPPED_OPTIMIZER) or WRAPPED_OPTIMIZER)
     if optimizer == WRAPPED_OPTIMIZER:
+        return
+    if optimizer == SECURE_OPTIMIZER and host == "fedml-cross-silo" and agg is not None:
+        check_secure(args, name, agg)
         return
     why = BYPASSING.get(optimizer, f"FedML's {optimizer} does not aggregate through FedAvg's code")
     raise ValueError(
@@ -95,6 +100,29 @@ def check_optimizer(args: Any, host: str, name: str) -> None:
         f"{WRAPPED_OPTIMIZER} with aggregator: {name}, or remove aggregator to run {optimizer} "
         "stock (see the docs' table of host algorithms)"
     )
+
+
+def check_secure(args: Any, name: str, agg: Aggregator) -> None:
+    """``federated_optimizer: LSA`` with ``aggregator: name``: what it needs, or why not."""
+    reason = agg.secure_refusal()
+    if reason is not None:
+        raise ValueError(
+            f"aggregator: {name} cannot run under federated_optimizer: LSA: {reason}. Those "
+            "that can: fedavg, fedavgm, fedloss, fedloss_n (without update_clip)"
+        )
+    for key in ("checkpoint_dir", "resume_from"):
+        if getattr(args, key, None):
+            raise ValueError(
+                f"{key} cannot take effect with federated_optimizer: LSA (FedML's LightSecAgg "
+                "server has no checkpoint of its own and fedbalance does not add one): remove it"
+            )
+    for key in ("prime_number", "precision_parameter"):
+        value = getattr(args, key, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(
+                f"federated_optimizer: LSA needs {key} (a positive int; e.g. prime_number: "
+                f"1073741789, precision_parameter: 20), got {value!r}"
+            )
 
 
 def settings(args: Any) -> tuple[str, dict[str, Any]] | None:
@@ -226,7 +254,7 @@ def validate(args: Any) -> None:
         raise ValueError(
             f"fedbalance aggregators run in FedML modes {sorted(HOSTS)}; got training_type/backend {mode}"
         )
-    check_optimizer(args, HOSTS[mode], chosen[0])
+    check_optimizer(args, HOSTS[mode], chosen[0], agg)
     check_world_size(args, mode)
     if mode[1] == "GRPC":
         from fl_adapters.fedml.ipconfig import check_grpc
@@ -893,6 +921,12 @@ TARGETS = (
 )
 
 
+def _secure_targets() -> tuple[tuple[str, str, str, str, Any], ...]:
+    from fl_adapters.fedml import secure
+
+    return tuple((m, c, meth, "fedml-cross-silo", r) for m, c, meth, r in secure.TARGETS)
+
+
 def arm() -> None:
     """Wrap FedML's aggregation points and client training (called right after ``import fedml``).
 
@@ -907,7 +941,7 @@ def arm() -> None:
     if getattr(fedml.init, "_fedbalance", False):
         return
     targets = []
-    for module, cls_name, method, host, replacement in TARGETS:
+    for module, cls_name, method, host, replacement in (*TARGETS, *_secure_targets()):
         cls = getattr(importlib.import_module(module), cls_name)
         targets.append((cls, method, _wrapper(getattr(cls, method), host, replacement)))
     original_init = fedml.init
