@@ -16,10 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
 from fl_adapters.autoload import HostNotSupported
+from fl_adapters.inputs import InputError, load_json, load_yaml
 from fl_adapters.registry import PluginError, get_registry
 
 log = logging.getLogger("fedbalance")
@@ -35,6 +34,10 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+#: The most class counts ``astraea plan --class-counts`` reads (clients x classes).
+MAX_COUNTS = 1_000_000
+
+
 class UsageError(ValueError):
     """A command-line value that does not fit (exit status 2)."""
 
@@ -47,17 +50,19 @@ def parse_assignments(pairs: Sequence[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise UsageError(f"--set expects key=value, got {pair!r}")
         try:
-            out[key.strip()] = yaml.safe_load(raw)
-        except yaml.YAMLError as e:
-            raise UsageError(f"--set {key}: cannot parse value {raw!r}: {e}") from e
+            out[key.strip()] = load_yaml(raw, f"--set {key.strip()}")
+        except InputError as e:
+            raise UsageError(str(e)) from None
     return out
 
 
 def read_spec(path: str) -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
+        doc = load_yaml(Path(path).read_text(), f"--spec {path}")
+    except OSError as e:
         raise UsageError(f"--spec {path}: cannot read a YAML mapping ({e})") from e
+    except InputError as e:
+        raise UsageError(str(e)) from None
     if not isinstance(doc, dict):
         raise UsageError(
             f"--spec {path}: must hold a mapping with 'name' and parameters, got {type(doc).__name__}"
@@ -226,10 +231,15 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
         plan_rebalance,
     )
 
+    where = f"--class-counts {args.class_counts}"
     try:
-        doc = json.loads(Path(args.class_counts).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"--class-counts {args.class_counts}: cannot read JSON ({e})") from e
+        # A plan is quadratic in the clients: a million counts (1,000 clients x 1,000
+        # classes) plans in seconds; beyond that, in minutes.
+        doc = load_json(Path(args.class_counts).read_bytes(), where, max_nodes=MAX_COUNTS)
+    except OSError as e:
+        raise UsageError(f"{where}: cannot read JSON ({e})") from e
+    except InputError as e:
+        raise UsageError(str(e)) from None
     counts = check_counts(doc, "--class-counts")
     clients = list(range(counts.shape[0]))
     if args.clients_per_round is not None:

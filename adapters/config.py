@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
+from fl_adapters.inputs import InputError, brief, check_tree, load_yaml
 
 FRAMEWORKS = (
     "fedlab",
@@ -45,9 +45,19 @@ class ConfigError(ValueError):
     """A configuration value outside what is allowed (the message names the field)."""
 
 
-def _int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
+#: Seeds reach numpy's legacy ``np.random.seed`` (FedML), which takes at most 2**32 - 1.
+MAX_SEED = 2**32 - 1
+
+
+def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"{name} must be an int {allowed}, got {brief(value)}")
     return value
 
 
@@ -60,7 +70,7 @@ def _float(name: str, value: Any, low: float, *, strict: bool = True) -> float:
         or value == float("inf")
     ):
         raise ConfigError(
-            f"{name} must be a finite float {'>' if strict else '>='} {low}, got {value!r}"
+            f"{name} must be a finite float {'>' if strict else '>='} {low}, got {brief(value)}"
         )
     return float(value)
 
@@ -134,13 +144,17 @@ class RunConfig:
         if isinstance(self.partition, str):
             self.partition = {"name": self.partition}
         if not isinstance(self.partition, dict) or not isinstance(self.partition.get("name"), str):
-            raise ConfigError(f"partition must be a mapping with a 'name', got {self.partition!r}")
+            raise ConfigError(
+                f"partition must be a mapping with a 'name', got {brief(self.partition)}"
+            )
         if not isinstance(self.aggregator, str) or not self.aggregator:
             raise ConfigError(
                 f"aggregator must be a plugin name (see `fedbalance list`), got {self.aggregator!r}"
             )
         if not isinstance(self.aggregator_args, dict):
-            raise ConfigError(f"aggregator_args must be a mapping, got {self.aggregator_args!r}")
+            raise ConfigError(
+                f"aggregator_args must be a mapping, got {brief(self.aggregator_args)}"
+            )
         _int("num_clients", self.num_clients, 1)
         _int("clients_per_round", self.clients_per_round, 1)
         if self.clients_per_round > self.num_clients:
@@ -151,9 +165,9 @@ class RunConfig:
         _int("local_epochs", self.local_epochs, 1)
         _float("lr", self.lr, 0.0)
         _int("batch_size", self.batch_size, 1)
-        _int("seed", self.seed, 0)
+        _int("seed", self.seed, 0, MAX_SEED)
         _int("eval_every", self.eval_every, 1)
-        _int("port", self.port, 1024)
+        _int("port", self.port, 1024, 65535)
         if self.max_samples is not None:
             _int("max_samples", self.max_samples, 1)
         if (
@@ -166,7 +180,7 @@ class RunConfig:
             or self.split[0] <= 0
         ):
             raise ConfigError(
-                f"split must be three fractions [train, val, test] summing to 1 with train > 0, got {self.split!r}"
+                f"split must be three fractions [train, val, test] summing to 1 with train > 0, got {brief(self.split)}"
             )
         self.split = [float(v) for v in self.split]
 
@@ -174,6 +188,10 @@ class RunConfig:
     def from_dict(cls, doc: dict[str, Any]) -> RunConfig:
         if not isinstance(doc, dict):
             raise ConfigError(f"a run config must be a mapping, got {type(doc).__name__}")
+        try:
+            check_tree(doc, "run config")
+        except InputError as e:
+            raise ConfigError(str(e)) from None
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(doc) - known)
         if unknown:
@@ -185,9 +203,11 @@ class RunConfig:
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
         try:
-            doc = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as e:
+            doc = load_yaml(Path(path).read_text(), str(path))
+        except OSError as e:
             raise ConfigError(f"{path}: cannot read a YAML mapping ({e})") from e
+        except InputError as e:
+            raise ConfigError(str(e)) from None
         return cls.from_dict(doc)
 
     def to_dict(self) -> dict[str, Any]:

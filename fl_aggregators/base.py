@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -137,13 +138,16 @@ class Aggregator(ABC):
         for key in self.required_metrics:
             if key not in update.metrics:
                 return f"required metric {key!r} is missing"
-            value = update.metrics[key]
+            raw = update.metrics[key]
+            # A number, not text or a flag that float() would also take ("5.0", True).
+            if isinstance(raw, bool) or not isinstance(raw, numbers.Real):
+                return f"metric {key!r} is not a number: {repr(raw)[:80]}"
             try:
-                value = float(value)
-            except (TypeError, ValueError):
-                return f"metric {key!r} is not a number: {value!r}"
+                value = float(raw)
+            except OverflowError:  # an int beyond a float's range
+                value = math.inf
             if not math.isfinite(value) or value < 0:
-                return f"metric {key!r} must be finite and >= 0, got {value!r}"
+                return f"metric {key!r} must be finite and >= 0, got {repr(raw)[:80]}"
         return None
 
     def aggregate(

@@ -17,6 +17,7 @@ round, so tune both on validation data for another setting.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,10 +29,14 @@ from fl_aggregators.functional import momentum_step
 
 def _check_float(name: str, value: Any, low: float, high: float | None) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    v = float(value) if ok else float("nan")
-    if not ok or not (low <= v and (high is None or v < high)):
+    try:
+        v = float(value) if ok else math.nan
+    except OverflowError:  # an int beyond a float's range
+        v = math.inf
+    if not ok or not math.isfinite(v) or not (low <= v and (high is None or v < high)):
         rng = f"[{low}, {high})" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be a float in {rng}, got {value!r}")
+        shown = repr(value) if ok else type(value).__name__
+        raise ValueError(f"{name} must be a finite float in {rng}, got {shown[:80]}")
     return v
 
 

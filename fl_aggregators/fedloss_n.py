@@ -54,10 +54,19 @@ class FedLossN(FedLoss):
         sizes = self.bounded_counts(updates)
         fedavg = FedAvg.client_weights(self, updates)
         if self.size_aware:  # the peer bound applies to what is weighted: n_i * l_i
-            raw = self.bounded_losses(updates, peer=False) * sizes
+            losses = self.bounded_losses(updates, peer=False)
+            # Each factor over its largest: the weights and the peer bound are ratios, and the
+            # product of two large finite values must not overflow.
+            raw = _unit(losses) * _unit(sizes)
             scores = bound_losses(raw, None, self.peer_clip)
             self.note_bounded(updates, raw, scores)
         else:
             scores = self.bounded_losses(updates)
         loss_w = normalize(scores) if scores.sum() > 0 else fedavg
         return normalize(self.mix * fedavg + (1.0 - self.mix) * loss_w)
+
+
+def _unit(values: torch.Tensor) -> torch.Tensor:
+    """``values`` over their largest (unchanged if that is 0)."""
+    top = values.max() if len(values) else values.new_zeros(())
+    return values / top if top > 0 else values

@@ -37,6 +37,9 @@ MEDIAN_BLOCK = 1 << 15
 def normalize(weights: Sequence[float] | torch.Tensor) -> torch.Tensor:
     """Weights divided by their sum (float64); a zero or non-finite sum is a ``ValueError``."""
     w = torch.as_tensor(weights, dtype=torch.float64)
+    top = w.max() if len(w) else w.sum()
+    if torch.isfinite(top) and top > 0:
+        w = w / top  # weights near the float64 maximum must not overflow their sum
     total = w.sum()
     if not torch.isfinite(total) or total <= 0 or (w < 0).any():
         raise ValueError(

@@ -41,7 +41,6 @@ run with serial trainers).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
@@ -67,12 +66,11 @@ def settings() -> tuple[str, dict[str, Any]] | None:
     if not name:
         return None
     raw = os.environ.get(ENV_ARGS, "").strip() or "{}"
-    try:
-        args = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{ENV_ARGS} must be a JSON object, got {raw!r} ({e})") from e
+    from fl_adapters.inputs import brief, load_json
+
+    args = load_json(raw, ENV_ARGS)  # InputError (a ValueError) names the variable
     if not isinstance(args, dict):
-        raise ValueError(f"{ENV_ARGS} must be a JSON object, got {raw!r}")
+        raise ValueError(f"{ENV_ARGS} must be a JSON object, got {brief(args)}")
     return name, args
 
 

@@ -132,8 +132,12 @@ def settings(args: Any) -> tuple[str, dict[str, Any]] | None:
     if not isinstance(name, str):
         raise ValueError(f"aggregator must be a fedbalance plugin name, got {name!r}")
     extra = getattr(args, "aggregator_args", None) or {}
+    # FedML read the YAML: bound what it built (aliases) before anything formats it.
+    from fl_adapters.inputs import brief, check_tree
+
+    check_tree(extra, "aggregator_args")
     if not isinstance(extra, dict):
-        raise ValueError(f"aggregator_args must be a mapping, got {extra!r}")
+        raise ValueError(f"aggregator_args must be a mapping, got {brief(extra)}")
     return name.strip(), extra
 
 

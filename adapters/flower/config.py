@@ -18,12 +18,12 @@ arguments are reported by the plugin registry, which lists the available names.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fl_adapters.config import ConfigError
+from fl_adapters.inputs import InputError, brief, load_json
 
 AGGREGATOR_KEY = "aggregator"
 ARGS_KEY = "aggregator-args"
@@ -79,11 +79,11 @@ def parse_run_config(run_config: Mapping[str, Any]) -> AppConfig:
             f"'{{\"peer_clip\": null}}', got {raw!r} ({type(raw).__name__})"
         )
     try:
-        args = json.loads(raw) if raw.strip() else {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{WHERE} {ARGS_KEY} is not valid JSON ({e}): {raw!r}") from e
+        args = load_json(raw, f"{WHERE} {ARGS_KEY}") if raw.strip() else {}
+    except InputError as e:
+        raise ConfigError(str(e)) from None
     if not isinstance(args, dict):
-        raise ConfigError(f"{WHERE} {ARGS_KEY} must be a JSON object, got {raw!r}")
+        raise ConfigError(f"{WHERE} {ARGS_KEY} must be a JSON object, got {brief(raw)}")
     seed = run_config.get(SEED_KEY, 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"{WHERE} {SEED_KEY} must be an int >= 0, got {seed!r}")
