@@ -50,12 +50,21 @@ class HostNotSupported(RuntimeError):
     """A run names a fedbalance aggregator, but fedbalance cannot serve this host version."""
 
 
+#: What a boolean environment switch reads as off (case-insensitive); anything else is on.
+OFF = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """Whether the boolean environment switch ``name`` is on (see :data:`OFF`)."""
+    return os.environ.get(name, "").strip().lower() not in OFF
+
+
 def disabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "").strip() not in ("", "0")
+    return env_flag(DISABLE_ENV)
 
 
 def forced() -> bool:
-    return os.environ.get(FORCE_ENV, "").strip() not in ("", "0")
+    return env_flag(FORCE_ENV)
 
 
 class Patches:

@@ -159,7 +159,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         print(json.dumps({"config": "ok", **check(config)}))
         return 0
+    from fl_adapters.rundir import claim
+
     out = Path(args.out)
+    with claim(out, resume=args.resume, overwrite=args.overwrite):
+        summary = _run(config, out, args)
+    print(
+        json.dumps(
+            {k: summary[k] for k in ("rounds", "final_accuracy", "best_accuracy", "best_round")}
+        )
+    )
+    print(f"wrote {out}/metrics.jsonl and {out}/summary.json")
+    return 0
+
+
+def _run(config: Any, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The run on its host (``out`` claimed)."""
     if config.framework == "fedlab":
         from fl_adapters.fedlab.runner import run_standalone
 
@@ -182,29 +197,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         from fl_adapters.fedml.runner import run_fedml
 
         summary = run_fedml(config, out, resume=args.resume)
-    print(
-        json.dumps(
-            {k: summary[k] for k in ("rounds", "final_accuracy", "best_accuracy", "best_round")}
-        )
-    )
-    print(f"wrote {out}/metrics.jsonl and {out}/summary.json")
-    return 0
+    return summary
 
 
 def cmd_fedlab_server(args: argparse.Namespace) -> int:
     from fl_adapters.config import RunConfig
     from fl_adapters.fedlab.runner import run_server
+    from fl_adapters.rundir import claim
 
     config = RunConfig.load(args.config)
     require_host(config)
-    run_server(
-        config,
-        Path(args.out),
-        args.world_size,
-        args.host,
-        progress=not args.no_progress,
-        resume=args.resume,
-    )
+    with claim(Path(args.out), resume=args.resume, overwrite=args.overwrite):
+        run_server(
+            config,
+            Path(args.out),
+            args.world_size,
+            args.host,
+            progress=not args.no_progress,
+            resume=args.resume,
+        )
     return 0
 
 
@@ -388,6 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue from OUT/checkpoint.pt (same config; rounds may grow)",
     )
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the records of another run in OUT (refused without it)",
+    )
+    p.add_argument(
         "--check",
         action="store_true",
         help="validate the config, data and partition without training (exit 2 on an error)",
@@ -403,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--overwrite", action="store_true", help="replace another run's records in OUT")
     p.set_defaults(func=cmd_fedlab_server)
 
     p = sub.add_parser("fedlab-client", help="one client process of a FedLab cross-process run")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import difflib
 import importlib.metadata as md
 import inspect
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +69,9 @@ class PluginInfo:
 
 def _entry_points() -> list[md.EntryPoint]:
     eps = sorted(md.entry_points(group=GROUP), key=lambda ep: ep.name)
-    if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
+    from fl_adapters.autoload import env_flag
+
+    if env_flag(DISABLE_ENV):
         eps = [ep for ep in eps if ep.dist is not None and ep.dist.name == DISTRIBUTION]
     return eps
 
