@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,48 @@ class Checkpoint:
         )
         if not ok:
             raise CheckpointError(f"{path}: malformed checkpoint (a field has the wrong type)")
+        tensors = [ckpt.model] if isinstance(ckpt.model, torch.Tensor) else ckpt.model.values()
+        bad = [t for t in tensors if t.is_floating_point() and not torch.isfinite(t).all()]
+        if bad:
+            raise CheckpointError(
+                f"{path}: the model holds NaN or Inf values; resuming would skip every round. "
+                "Resume from an earlier copy or start afresh"
+            )
+        counts = ckpt.participations
+        if any(c < 0 or k < 0 or k > ckpt.round * 1000 for c, k in counts.items()):
+            raise CheckpointError(
+                f"{path}: participation counts must be non-negative and fit round {ckpt.round}"
+            )
         return ckpt
+
+    def check_model(self, template: torch.Tensor | Mapping[str, torch.Tensor], path: Path) -> None:
+        """Refuse a model that is not ``template``'s: names, shapes and dtypes."""
+        mine, want = self.model, template
+        if isinstance(want, torch.Tensor) or isinstance(mine, torch.Tensor):
+            if not (
+                isinstance(want, torch.Tensor)
+                and isinstance(mine, torch.Tensor)
+                and mine.shape == want.shape
+                and mine.dtype == want.dtype
+            ):
+                raise CheckpointError(
+                    f"{path}: its model ({_describe(mine)}) is not this run's ({_describe(want)})"
+                )
+            return
+        missing = [k for k in want if k not in mine]
+        extra = [k for k in mine if k not in want]
+        if missing or extra:
+            raise CheckpointError(
+                f"{path}: its model has other parameters than this run's (missing "
+                f"{missing[:3]}, unexpected {extra[:3]})"
+            )
+        for key, value in want.items():
+            got = mine[key]
+            if got.shape != value.shape or got.dtype != value.dtype:
+                raise CheckpointError(
+                    f"{path}: parameter {key!r} is {tuple(got.shape)} {got.dtype} in the "
+                    f"checkpoint, {tuple(value.shape)} {value.dtype} in this run's model"
+                )
 
     def check_config(self, config: dict[str, Any], path: Path) -> None:
         """Refuse to resume under a different config (``MAY_CHANGE`` fields excepted).
@@ -141,6 +183,12 @@ class Checkpoint:
                 f"rounds must be at least the checkpoint's round ({self.round}) to resume, "
                 f"got {config.get('rounds')!r}"
             )
+
+
+def _describe(model: Any) -> str:
+    if isinstance(model, torch.Tensor):
+        return f"a {tuple(model.shape)} {model.dtype} vector"
+    return f"a state dict of {len(model)} tensors"
 
 
 def _is_model(model: Any) -> bool:

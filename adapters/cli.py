@@ -96,13 +96,22 @@ def cmd_partition(args: argparse.Namespace) -> int:
         raise UsageError("give --scheme NAME or a --spec file with a 'name'")
     spec.update(parse_assignments(args.set))
     partitioner = get_registry().make_partitioner(spec)
+    if Path(args.out).is_dir():
+        raise UsageError(
+            f"--out {args.out} is a directory: name the partition file, e.g. DIR/p.json"
+        )
     labels = load_labels(args.dataset, args.data_dir, args.download)
     start = time.perf_counter()
     partition = partitioner.partition(labels, args.clients, seed=args.seed)
     elapsed = time.perf_counter() - start
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partition.save(out, extra={"dataset": args.dataset, "elapsed_s": round(elapsed, 6)})
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partition.save(out, extra={"dataset": args.dataset, "elapsed_s": round(elapsed, 6)})
+    except OSError as e:
+        raise UsageError(
+            f"--out {out}: cannot write the partition there ({e.strerror or e})"
+        ) from None
     print(
         markdown_table(
             PARTITION_HEADER, [partition_row(partition.spec["name"], partition, elapsed)]
@@ -160,7 +169,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps({"config": "ok", **check(config)}))
         return 0
     from fl_adapters.rundir import claim
+    from fl_aggregators.record import check_target
 
+    check_target()  # FEDBALANCE_RECORD: a place that can hold the record, before any training
     out = Path(args.out)
     with claim(out, resume=args.resume, overwrite=args.overwrite):
         summary = _run(config, out, args)

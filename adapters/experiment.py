@@ -8,6 +8,8 @@ stops here, with the same message.
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import numpy as np
@@ -97,3 +99,25 @@ def run_summary(
     if elapsed_s is not None:
         summary["elapsed_s"] = round(elapsed_s, 3)
     return summary
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float as ``None``: what metrics files hold, so that
+    they stay JSON (no bare ``NaN``/``Infinity``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def json_line(row: dict[str, Any]) -> str:
+    """One ``metrics.jsonl`` line (see :func:`finite`)."""
+    return json.dumps(finite(row), allow_nan=False) + "\n"
+
+
+def json_doc(doc: dict[str, Any]) -> str:
+    """A ``summary.json`` (see :func:`finite`)."""
+    return json.dumps(finite(doc), indent=1, allow_nan=False) + "\n"

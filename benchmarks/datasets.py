@@ -191,10 +191,12 @@ def load_labels(
     if name.startswith("npy:"):
         path = Path(name[4:])
         try:
-            labels = np.load(path, allow_pickle=False)
+            # Mapped, not read: a header claiming more elements than the file holds fails
+            # here instead of allocating them.
+            labels = np.load(path, allow_pickle=False, mmap_mode="r")
         except (OSError, ValueError) as e:
             raise DatasetUnavailable(f"cannot read labels from {path}: {e}") from e
-        return np.asarray(labels)
+        return np.array(labels)
     if name == "fmnist":
         prefix = _find_fmnist("train-labels-idx1-ubyte", data_dir)
         return _read_idx(prefix).astype(np.int64)

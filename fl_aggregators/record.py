@@ -36,13 +36,40 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def check_target(path: str | None = None) -> None:
+    """Refuse, before any training, a record path that cannot hold the record: not a regular
+    file (``/dev/full``, a directory) or not writable. A ``ValueError`` names it."""
+    path = path or os.environ.get(ENV)
+    if not path:
+        return
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{ENV}={path} is not a regular file")
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{ENV}={path} cannot be written ({e.strerror or e})") from None
+
+
+_failed: set[str] = set()
+
+
 def record(entry: dict[str, Any], path: str | None = None) -> None:
-    """Append ``entry`` as one JSON line to ``path`` or ``$FEDBALANCE_RECORD`` (if set)."""
+    """Append ``entry`` as one JSON line to ``path`` or ``$FEDBALANCE_RECORD`` (if set).
+
+    A write that fails (a full disk) is logged once per path and the run goes on: the
+    aggregation, the model and the host's checkpoint do not depend on the audit log.
+    """
     path = path or os.environ.get(ENV)
     if not path:
         return
     line = json.dumps(_jsonable(entry), allow_nan=False)
     # One write call per line, opened in append mode: lines from several processes
     # (FedLab cross-process, MPI ranks) do not interleave within a line.
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    except OSError as e:
+        if path not in _failed:
+            _failed.add(path)
+            log.error("aggregation record not written to %s (%s); the run goes on", path, e)

@@ -29,7 +29,14 @@ from fl_adapters._training import evaluate
 from fl_adapters.checkpoint import NAME as CHECKPOINT
 from fl_adapters.checkpoint import Checkpoint, CheckpointError, restore_sampler, sampler_state
 from fl_adapters.config import RunConfig, RunFailed
-from fl_adapters.experiment import is_mediated, metric_prefix, run_summary, training_data
+from fl_adapters.experiment import (
+    is_mediated,
+    json_doc,
+    json_line,
+    metric_prefix,
+    run_summary,
+    training_data,
+)
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
@@ -108,7 +115,7 @@ class MetricsWriter:
         self.path = out_dir / "metrics.jsonl"
         self.checkpoint_path = out_dir / CHECKPOINT
         self.rows: list[dict[str, Any]] = resumed_rows(self.path, resume_from)
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        self.path.write_text("".join(json_line(r) for r in self.rows))
         if exp.config.eval_data == "test":
             from fedbalance_benchmarks.datasets import load_dataset
 
@@ -169,7 +176,7 @@ class MetricsWriter:
         row["elapsed_s"] = round(time.perf_counter() - self.started, 3)
         self.rows.append(row)
         with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+            fh.write(json_line(row))
         self.save_checkpoint(handler)
         if self.bar is not None:
             self.bar.update(1)
@@ -206,7 +213,7 @@ class MetricsWriter:
                 "client_kl_after": kl["after"],
                 "mediator_kl_mean": sum(med) / len(med) if med else None,
             }
-        (self.out_dir / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (self.out_dir / "summary.json").write_text(json_doc(doc))
         return doc
 
 
@@ -250,6 +257,7 @@ def restore(handler: FedBalanceServerHandler, ckpt: Checkpoint) -> None:
             f"the checkpoint's model has {ckpt.model.numel()} parameters, this run's "
             f"{expected.numel()}"
         )
+    ckpt.check_model(expected, Path("checkpoint.pt"))
     planner = getattr(handler, "planner", None)
     if planner is not None and planner.plan.as_dict() != ckpt.plan:
         raise CheckpointError(

@@ -355,11 +355,19 @@ def _sp_client_train(self: Any, original: Any, w_global: Any) -> Any:
     )
 
 
+def _clean(params: Any) -> OrderedDict[str, Any]:
+    """A FedML model's params without fedbalance's payload keys, on the CPU."""
+    return OrderedDict((k, v.detach().cpu()) for k, v in strip(params)[0].items())
+
+
 def _sp_train(self: Any, original: Any) -> Any:
     from fl_adapters.fedml import checkpoint
 
     if checkpoint.resume_path(self.args) is not None:
         ckpt = checkpoint.load(self.args)
+        ckpt.check_model(
+            _clean(self.model_trainer.get_model_params()), checkpoint.resume_path(self.args)
+        )
         self.model_trainer.set_model_params(ckpt.model)
         STATE["aggregator"].load_state_dict(ckpt.aggregator)
         STATE["resume"] = ckpt
@@ -569,6 +577,9 @@ def _resume_server(manager: Any) -> None:
     astraea = _silo_astraea(manager)
     if astraea is not None:
         checkpoint.check_plan(ckpt, astraea.planner.plan.as_dict())
+    ckpt.check_model(
+        _clean(manager.aggregator.get_global_model_params()), checkpoint.resume_path(manager.args)
+    )
     manager.aggregator.set_global_model_params(ckpt.model)
     STATE["aggregator"].load_state_dict(ckpt.aggregator)
     manager.args.round_idx = ckpt.round

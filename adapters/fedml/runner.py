@@ -36,6 +36,7 @@ from fl_adapters.checkpoint import (
     resume_hint,
 )
 from fl_adapters.config import RunConfig, RunFailed
+from fl_adapters.experiment import json_doc, json_line
 from fl_adapters.processes import stop, watch
 
 MODES = {
@@ -215,7 +216,7 @@ def keep_completed_rounds(config: RunConfig, out_dir: Path) -> None:
             f"{out_dir} does not hold the records of rounds 1..{ckpt.round} of the checkpointed "
             "run; resume in the directory the run wrote"
         )
-    (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out_dir / "metrics.jsonl").write_text("".join(json_line(r) for r in rows))
     keep_recorded_rounds(out_dir / "aggregations.jsonl", ckpt.round)
     n = 1
     while (out_dir / f"fedml.log.{n}").exists():
@@ -312,9 +313,9 @@ def collect(config: RunConfig, out_dir: Path, elapsed_s: float | None = None) ->
     """``metrics.jsonl`` and ``summary.json`` from the recorder and FedML's log (and the run's
     wall time, ``elapsed_s``, as the other hosts write it)."""
     rows = collect_rows(config, out_dir)
-    (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out_dir / "metrics.jsonl").write_text("".join(json_line(r) for r in rows))
     from fl_adapters.experiment import run_summary
 
     summary = run_summary(config, rows, elapsed_s)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out_dir / "summary.json").write_text(json_doc(summary))
     return summary

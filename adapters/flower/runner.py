@@ -34,6 +34,7 @@ from typing import Any
 
 from fl_adapters.checkpoint import NAME, CheckpointError, keep_recorded_rounds, resume_hint
 from fl_adapters.config import ConfigError, RunConfig, RunFailed
+from fl_adapters.experiment import json_doc, json_line
 from fl_adapters.flower.config import CHECKPOINT_KEY, RESUME_KEY
 from fl_adapters.processes import (
     descendants,
@@ -299,10 +300,11 @@ def run_flower(
                 "the checkpointed run; resume in the directory the run wrote"
             )
     else:
-        record.unlink(missing_ok=True)
-        (out_dir / NAME).unlink(missing_ok=True)
-    for stale in (out_dir / "metrics.jsonl", out_dir / "app" / "summary.json"):
-        stale.unlink(missing_ok=True)
+        # A resume leaves the stopped run's files until the new rows replace them (collect):
+        # a resume that fails inside Flower then changes nothing.
+        for stale in (record, out_dir / NAME, out_dir / "metrics.jsonl"):
+            stale.unlink(missing_ok=True)
+        (out_dir / "app" / "summary.json").unlink(missing_ok=True)
     env = {"FEDBALANCE_RECORD": str(record)}
     overrides = str(app_run_config(values, out_dir))
     if config.framework == "flower-deployment":
@@ -372,9 +374,9 @@ def collect(config: RunConfig, out_dir: Path, elapsed_s: float | None = None) ->
         if metrics is not None:
             row.update(test_accuracy=metrics["eval_acc"], test_loss=metrics["eval_loss"])
         rows.append(row)
-    (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out_dir / "metrics.jsonl").write_text("".join(json_line(r) for r in rows))
     from fl_adapters.experiment import run_summary
 
     summary = run_summary(config, rows, elapsed_s)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out_dir / "summary.json").write_text(json_doc(summary))
     return summary

@@ -444,6 +444,7 @@ class FedBalanceStrategy(FedAvg):
         the whole run's ``Result``, rounds numbered from the run's start."""
         if self.resume_from is not None:
             ckpt = checkpoint.load(self.resume_from, self.run_identity, num_rounds)
+            ckpt.check_model(to_state_dict(initial_arrays), self.resume_from)
             self.restore(ckpt)
             initial_arrays = to_array_record(dict(ckpt.model))
             log.info(
