@@ -89,15 +89,17 @@ class Checkpoint:
             )
         try:
             ckpt = cls(
-                config=json.loads(doc["config"]),
+                config=_json(doc["config"], "config"),
                 round=doc["round"],
                 model=doc["model"],
                 aggregator=doc["aggregator"],
                 participations={int(c): int(k) for c, k in doc["participations"]},
                 sampler=doc["sampler"],
-                plan=json.loads(doc["plan"]) if doc["plan"] is not None else None,
+                plan=_json(doc["plan"], "plan") if doc["plan"] is not None else None,
                 rng=doc.get("rng"),  # absent from checkpoints written before FedML resume
-                history=json.loads(doc["history"]) if doc.get("history") is not None else None,
+                history=(
+                    _json(doc["history"], "history") if doc.get("history") is not None else None
+                ),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: malformed checkpoint ({type(e).__name__}: {e})") from e
@@ -183,6 +185,15 @@ class Checkpoint:
                 f"rounds must be at least the checkpoint's round ({self.round}) to resume, "
                 f"got {config.get('rounds')!r}"
             )
+
+
+def _json(text: Any, field: str) -> Any:
+    """A checkpoint's JSON field, bounded (a tampered file cannot exhaust the stack or memory)."""
+    from fl_adapters.inputs import load_json
+
+    if not isinstance(text, str):
+        raise TypeError(f"{field} is not JSON text")
+    return load_json(text, field, max_bytes=64 << 20, max_nodes=1_000_000)
 
 
 def _describe(model: Any) -> str:
