@@ -257,7 +257,9 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
     try:
         # A plan is quadratic in the clients: a million counts (1,000 clients x 1,000
         # classes) plans in seconds; beyond that, in minutes.
-        doc = load_json(Path(args.class_counts).read_bytes(), where, max_nodes=MAX_COUNTS)
+        doc = load_json(
+            Path(args.class_counts).read_bytes(), where, max_bytes=64 << 20, max_nodes=MAX_COUNTS
+        )
     except OSError as e:
         raise UsageError(f"{where}: cannot read JSON ({e})") from e
     except InputError as e:

@@ -292,3 +292,19 @@ def test_evaluate_reply_of_a_client_without_test_data_weighs_nothing(flower_task
     reply = evaluate_reply(msg, context, torch.nn.Linear(4, 3), data)
     metrics = next(iter(reply.content.metric_records.values()))
     assert dict(metrics) == {"num-examples": 0, "eval_loss": 0.0, "eval_acc": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ('{"server_lr": Infinity}', "Infinity is not JSON"),
+        ("[" * 30_000 + "]" * 30_000, "nested too deeply"),
+        ('{"server_lr": 1e999}', "too large for a float"),
+    ],
+)
+def test_aggregator_args_json_is_bounded_and_finite(raw: str, words: str) -> None:
+    from fl_adapters.config import ConfigError
+    from fl_adapters.flower.config import parse_run_config
+
+    with pytest.raises(ConfigError, match=words):
+        parse_run_config({"aggregator": "fedavgm", "aggregator-args": raw})
