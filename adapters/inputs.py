@@ -53,8 +53,8 @@ def check_tree(
         nodes += 1
         if nodes > max_nodes:
             raise InputError(
-                f"{where}: more than {max_nodes:,} values (YAML aliases counted where they are "
-                "used); refusing to expand it"
+                f"{where}: more than {max_nodes:,} values (YAML aliases counted at every use); "
+                "refusing to expand it"
             )
         if depth > max_depth:
             raise InputError(f"{where}: nested deeper than {max_depth} levels")
