@@ -184,7 +184,7 @@ def test_run_config_selects_aggregator_and_arguments() -> None:
     [
         ({"aggregator": "fedlos"}, "aggregator: unknown aggregator 'fedlos'"),
         ({"aggregator": 3}, "aggregator must be a fedbalance aggregator name"),
-        ({"aggregator-args": "{'a': 1}"}, "aggregator-args is not valid JSON"),
+        ({"aggregator-args": "{'a': 1}"}, "aggregator-args: not valid JSON"),
         ({"aggregator-args": "[1]"}, "aggregator-args must be a JSON object, got '[1]'"),
         ({"aggregator-args": 5}, "aggregator-args must be a JSON object in a string"),
         ({"aggregator": "fedloss", "aggregator-args": '{"clip": 1}'}, "unknown argument(s) 'clip'"),
