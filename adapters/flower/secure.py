@@ -72,8 +72,8 @@ from flwr.serverapp import Grid
 
 from fl_adapters.config import ConfigError
 from fl_adapters.flower.config import AGGREGATOR_KEY, WHERE
-from fl_adapters.flower.payload import reply_to_update, to_array_record
-from fl_adapters.flower.strategy import FedBalanceStrategy, weighted_metrics
+from fl_adapters.flower.payload import reply_to_update
+from fl_adapters.flower.strategy import FedBalanceStrategy
 from fl_aggregators import ClientUpdate
 
 log = logging.getLogger(__name__)
@@ -185,17 +185,7 @@ class SecAggPlusStrategy(FedBalanceStrategy):
             host=self.host,
             protocol=PROTOCOL,
         )
-        self.aggregated(result)
-        metrics = MetricRecord(
-            {
-                "fedbalance-accepted": len(updates) - len(result.rejected),
-                "fedbalance-rejected": len(result.rejected),
-                **weighted_metrics(updates, result.weights),
-            }
-        )
-        if result.skipped:
-            return None, metrics
-        return to_array_record(result.params), metrics
+        return self.conclude(server_round, updates, result)
 
     def _secure_sum(
         self, server_round: int, chosen: dict[int, tuple[int, float]]

@@ -358,6 +358,12 @@ class FedBalanceStrategy(FedAvg):
         result = self.aggregator.aggregate(
             self.global_params, updates, round=server_round, host=self.host
         )
+        return self.conclude(server_round, updates, result)
+
+    def conclude(
+        self, server_round: int, updates: list[Any], result: AggregationResult
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """:meth:`aggregated`, then what ``aggregate_train`` returns for ``result``."""
         self.aggregated(result)
         metrics = MetricRecord(
             {

@@ -10,14 +10,13 @@ wrappers' ``configure_train`` on a real strategy: they stop before any message i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from flower_runs import simulate_process
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideAdaptiveClipping,
@@ -32,7 +31,6 @@ from fl_adapters.checkpoint import Checkpoint
 from fl_adapters.config import ConfigError
 from fl_adapters.flower.privacy import Z_EFFECTIVE, wrap_from_run_config
 from fl_adapters.flower.strategy import FedBalanceStrategy
-from fl_adapters.processes import descendants, kill_all, stop
 from fl_aggregators import ClientUpdate, FedAvg, FedLoss
 
 NODES = ROUNDS = 3
@@ -42,19 +40,9 @@ Z, CLIP = 0.2, 5.0
 
 def simulate(work: Path, run_config: str) -> dict[str, Any]:
     record = work / "record.jsonl"
-    env = {**os.environ, "FEDBALANCE_RECORD": str(record)}
     argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
     argv += ["--num-supernodes", str(NODES), "--run-config", run_config]
-    proc = subprocess.Popen(
-        argv, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        log, _ = proc.communicate(timeout=400)
-    finally:
-        kill_all(descendants(proc.pid))
-        stop(proc)  # type: ignore[arg-type]
-    assert proc.returncode == 0, log[-3000:]
+    log = simulate_process(argv, work, record)
     out = work / "out"
     return {
         "log": log,

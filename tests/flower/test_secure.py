@@ -10,17 +10,15 @@ model SecAgg+ produced.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from flower_runs import simulate_process
 
 from fl_adapters.config import ConfigError
 from fl_adapters.flower.secure import SecAggPlusStrategy
-from fl_adapters.processes import descendants, kill_all, stop
 from fl_aggregators import ClientUpdate, FedLoss
 
 SIM = Path(__file__).resolve().parents[1] / "hosts" / "flower_secure_sim.py"
@@ -31,18 +29,8 @@ QUANTIZATION = 2 * 8 / 4194304
 @pytest.fixture(scope="module")
 def secure_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("secagg")
-    env = {**os.environ, "FEDBALANCE_RECORD": str(out / "record.jsonl")}
-    proc = subprocess.Popen(
-        [sys.executable, str(SIM), str(out), "--rounds", "2", "--drop", "2:2"],
-        env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        log, _ = proc.communicate(timeout=400)
-    finally:
-        kill_all(descendants(proc.pid))
-        stop(proc)  # type: ignore[arg-type]
-    assert proc.returncode == 0, log[-3000:]
+    argv = [sys.executable, str(SIM), str(out), "--rounds", "2", "--drop", "2:2"]
+    log = simulate_process(argv, out, out / "record.jsonl")
     return out, log
 
 
