@@ -73,7 +73,7 @@ from flwr.serverapp import Grid
 from fl_adapters.config import ConfigError
 from fl_adapters.flower.config import AGGREGATOR_KEY, WHERE
 from fl_adapters.flower.payload import reply_to_update
-from fl_adapters.flower.strategy import FedBalanceStrategy
+from fl_adapters.flower.strategy import FedBalanceStrategy, log_errors
 from fl_aggregators import ClientUpdate
 
 log = logging.getLogger(__name__)
@@ -146,14 +146,7 @@ class SecAggPlusStrategy(FedBalanceStrategy):
         if self.global_params is None or self._grid is None:
             raise RuntimeError("aggregate_train before configure_train: no global model")
         ok = [m for m in replies if not m.has_error()]
-        for msg in replies:
-            if msg.has_error():
-                log.warning(
-                    "round %s: node %s replied with an error: %s",
-                    server_round,
-                    msg.metadata.src_node_id,
-                    msg.error.reason,
-                )
+        log_errors(server_round, replies)
         pairs = sorted(
             ((reply_to_update(m, with_params=False), m.metadata.src_node_id) for m in ok),
             key=lambda p: (not isinstance(p[0].client_id, int), str(p[0].client_id).zfill(20)),

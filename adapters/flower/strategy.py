@@ -341,14 +341,7 @@ class FedBalanceStrategy(FedAvg):
         """Aggregate round ``server_round``'s train replies; ends with :meth:`aggregated`."""
         if self.global_params is None:
             raise RuntimeError("aggregate_train before configure_train: no global model")
-        for msg in replies:
-            if msg.has_error():
-                log.warning(
-                    "round %s: node %s replied with an error: %s",
-                    server_round,
-                    msg.metadata.src_node_id,
-                    msg.error.reason,
-                )
+        log_errors(server_round, replies)
         # Sorted by client: replies arrive in any order, and float sums in a fixed order make
         # the same seed give the same model bit for bit, in simulation and deployment alike.
         updates = sorted(
@@ -528,6 +521,18 @@ class FedBalanceStrategy(FedAvg):
         for key, rows in self.history.items():
             rows.clear()
             rows.update({int(r): m for r, m in history.get(key, {}).items()})
+
+
+def log_errors(server_round: int, replies: list[Message]) -> None:
+    """A warning for each reply that carries an error instead of content."""
+    for msg in replies:
+        if msg.has_error():
+            log.warning(
+                "round %s: node %s replied with an error: %s",
+                server_round,
+                msg.metadata.src_node_id,
+                msg.error.reason,
+            )
 
 
 def _content_order(msg: Message) -> tuple[bool, str]:
