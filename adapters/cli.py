@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import sys
 import time
 import warnings
@@ -242,7 +243,6 @@ def cmd_fedlab_client(args: argparse.Namespace) -> int:
 
 
 def cmd_astraea_plan(args: argparse.Namespace) -> int:
-    import numpy as np
 
     from fl_aggregators.astraea_plan import (
         assign_mediators,
@@ -272,10 +272,8 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
                 f"--clients-per-round must be at most the number of clients ({len(clients)}), "
                 f"got {args.clients_per_round}"
             )
-        rng = np.random.default_rng(args.seed)
-        clients = sorted(
-            int(c) for c in rng.choice(len(clients), args.clients_per_round, replace=False)
-        )
+        # Round 1's clients as every host samples them: random.Random(seed).sample, sorted.
+        clients = sorted(random.Random(args.seed).sample(clients, args.clients_per_round))
     plan = plan_rebalance(counts, args.tau_d, args.count_clip)
     after = expected_counts_after(counts, plan)
     groups = assign_mediators(after[clients], args.gamma)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -147,6 +148,25 @@ def test_cli_plan_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyp
     assert len(doc["z"]) == 3 and len(doc["rad"]) == 3 and len(doc["kl"]) == len(doc["mediators"])
     assert sorted(c for m in doc["mediators"] for c in m) == [0, 1, 2, 3]
     assert doc["downsample"] == [0] and doc["rad"][0] < 1
+
+
+@pytest.mark.parametrize("seed", [0, 3, 11])
+def test_cli_plan_previews_the_clients_fedlab_samples_in_round_1(
+    tmp_path: Path, capsys, seed: int
+) -> None:  # type: ignore[no-untyped-def]
+    """The preview used numpy's generator while the hosts draw with random.Random: it never
+    showed round 1's mediators. Now its clients are FedLab's handler's first sample."""
+    from fl_adapters.fedlab.handler import FedBalanceServerHandler
+
+    counts = [[50 + 7 * i, 40, 10 + 3 * i] for i in range(12)]
+    f = tmp_path / "counts.json"
+    f.write_text(json.dumps(counts))
+    argv = ["astraea", "plan", "--class-counts", str(f), "--clients-per-round", "5"]
+    assert main([*argv, "--seed", str(seed), "--gamma", "5"]) == 0
+    previewed = sorted(c for m in json.loads(capsys.readouterr().out)["mediators"] for c in m)
+    handler = FedBalanceServerHandler(torch.nn.Linear(2, 2), 1, 1.0, clients_per_round=5, seed=seed)
+    handler.num_clients = 12  # what FedLab's network manager sets from the clients' count
+    assert previewed == handler.sample_clients()
 
 
 def test_cli_plan_rejects_bad_values(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
