@@ -210,9 +210,7 @@ def aggregate(model_list: list[tuple[Any, Any]], global_params: Any) -> OrderedD
                 client_id=client if client is not None else f"#{i}",
             )
         )
-    reference, _, _ = strip(global_params)
-    reference = OrderedDict((k, v.detach().cpu()) for k, v in reference.items())
-    result = agg.aggregate(reference, updates, host=STATE["host"])
+    result = agg.aggregate(clean_params(global_params), updates, host=STATE["host"])
     params = result.params
     if isinstance(params, torch.Tensor):  # cannot happen for a state dict input
         raise TypeError("FedML parameters must be a state dict")
@@ -355,7 +353,7 @@ def _sp_client_train(self: Any, original: Any, w_global: Any) -> Any:
     )
 
 
-def _clean(params: Any) -> OrderedDict[str, Any]:
+def clean_params(params: Any) -> OrderedDict[str, Any]:
     """A FedML model's params without fedbalance's payload keys, on the CPU."""
     return OrderedDict((k, v.detach().cpu()) for k, v in strip(params)[0].items())
 
@@ -366,7 +364,7 @@ def _sp_train(self: Any, original: Any) -> Any:
     if checkpoint.resume_path(self.args) is not None:
         ckpt = checkpoint.load(self.args)
         ckpt.check_model(
-            _clean(self.model_trainer.get_model_params()), checkpoint.resume_path(self.args)
+            clean_params(self.model_trainer.get_model_params()), checkpoint.resume_path(self.args)
         )
         self.model_trainer.set_model_params(ckpt.model)
         STATE["aggregator"].load_state_dict(ckpt.aggregator)
@@ -578,7 +576,8 @@ def _resume_server(manager: Any) -> None:
     if astraea is not None:
         checkpoint.check_plan(ckpt, astraea.planner.plan.as_dict())
     ckpt.check_model(
-        _clean(manager.aggregator.get_global_model_params()), checkpoint.resume_path(manager.args)
+        clean_params(manager.aggregator.get_global_model_params()),
+        checkpoint.resume_path(manager.args),
     )
     manager.aggregator.set_global_model_params(ckpt.model)
     STATE["aggregator"].load_state_dict(ckpt.aggregator)

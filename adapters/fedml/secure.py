@@ -119,10 +119,11 @@ def _receive_scalars(self: Any, msg_params: Any) -> None:
 
 def reconstruct(self: Any, original: Any, first: Any, second: Any) -> Any:
     """FedML's unmasking (``sum_i w_i x_i``), then the aggregator's step and record."""
-    from fl_adapters.fedml.adapter import STATE
+    from fl_adapters.fedml.adapter import STATE, clean_params
 
+    # A copy: FedML's reconstruction overwrites the model these tensors belong to.
     previous = OrderedDict(
-        (k, v.detach().cpu().clone()) for k, v in strip(self.get_global_model_params())[0].items()
+        (k, v.clone()) for k, v in clean_params(self.get_global_model_params()).items()
     )
     summed = original(self, first, second)
     weighing = STATE.pop("lsa_weighing", None)
