@@ -124,7 +124,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
         plot_class_bars(partition, args.plot, title=f"{args.dataset}: {partition.spec['name']}")
         print(f"wrote {args.plot}")
-        if partition.noise_std.any() and not args.dataset.startswith("npy:"):
+        if partition.noise_std.any() and not args.dataset.endswith(".npy"):  # images to show
             from fedbalance_benchmarks.datasets import load_dataset
             from fl_adapters.demo import noise_grid
 
@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dataset",
         required=True,
-        help="fmnist, digits, cifar10, svhn, emnist, or npy:PATH (a labels array)",
+        help="fmnist, digits, cifar10, svhn, emnist, or npy:PATH (.npy labels or .npz images+labels)",
     )
     p.add_argument("--scheme", help="partitioner name (see `fedbalance list`)")
     p.add_argument(

@@ -110,15 +110,12 @@ class RunConfig:
     def __post_init__(self) -> None:
         _choice("framework", self.framework, FRAMEWORKS)
         if isinstance(self.dataset, str) and self.dataset.startswith("npy:"):
-            # A labels array partitions (`fedbalance partition --dataset npy:PATH`); training
-            # needs the images too, which no .npy file format of ours carries yet.
+            if not self.dataset[4:]:
+                raise ConfigError("dataset npy:PATH needs a path, e.g. npy:data/mine.npz")
+        elif self.dataset not in DATASETS:
             raise ConfigError(
-                f"dataset {brief(self.dataset)}: npy:PATH (a labels array) serves `fedbalance "
-                f"partition`; `fedbalance run` trains on images: one of {', '.join(DATASETS)}"
-            )
-        if self.dataset not in DATASETS:
-            raise ConfigError(
-                f"dataset must be one of {', '.join(DATASETS)}; got {brief(self.dataset)}"
+                f"dataset must be one of {', '.join(DATASETS)} or npy:PATH (an .npz archive of "
+                f"images and labels); got {brief(self.dataset)}"
             )
         if self.data_dir is not None and (not isinstance(self.data_dir, str) or not self.data_dir):
             raise ConfigError(f"data_dir must be a directory path or null, got {self.data_dir!r}")

@@ -62,6 +62,10 @@ def check(config: RunConfig) -> dict[str, Any]:
                 f"process trains once a round, as FedML's client counts rounds), got {epochs!r}"
             )
     _, labels, partition = training_data(config)
+    if config.eval_data == "test":
+        from fedbalance_benchmarks.datasets import load_dataset
+
+        load_dataset(config.dataset, train=False, data_dir=config.data_dir)
     sizes = [len(c) for c in partition.client_indices]
     return {
         "framework": config.framework,

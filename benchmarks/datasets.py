@@ -6,7 +6,9 @@
 * ``digits`` — scikit-learn's bundled 8x8 digits (1,797 images), always available offline.
 * ``cifar10``, ``svhn``, ``emnist`` — through torchvision, from ``--data-dir`` or
   ``$FEDBALANCE_DATA``; downloaded only when the caller asks (``download=True``).
-* ``npy:PATH`` — a labels array a user brings (``.npy``; read without pickle).
+* ``npy:PATH`` — arrays a user brings (read without pickle): a ``.npy`` labels array, which
+  partitions, or an ``.npz`` archive of images and labels, which also trains
+  (:mod:`fedbalance_benchmarks.user_data`).
 
 A missing dataset raises :class:`DatasetUnavailable`, saying where it was looked for and how to
 get it. Nothing here downloads unless asked.
@@ -24,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 from numpy.typing import NDArray
+
+from fedbalance_benchmarks import user_data
 
 DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -188,15 +192,8 @@ def load_labels(
     name: str, data_dir: str | os.PathLike[str] | None = None, download: bool = False
 ) -> NDArray[np.int64]:
     """The training labels of dataset ``name`` (or of ``npy:PATH``)."""
-    if name.startswith("npy:"):
-        path = Path(name[4:])
-        try:
-            # Mapped, not read: a header claiming more elements than the file holds fails
-            # here instead of allocating them.
-            labels = np.load(path, allow_pickle=False, mmap_mode="r")
-        except (OSError, ValueError) as e:
-            raise DatasetUnavailable(f"cannot read labels from {path}: {e}") from e
-        return np.array(labels)
+    if user_data.is_user_data(name):
+        return user_data.read_labels(user_data.path_of(name))
     if name == "fmnist":
         prefix = _find_fmnist("train-labels-idx1-ubyte", data_dir)
         return _read_idx(prefix).astype(np.int64)
@@ -221,7 +218,30 @@ def load_dataset(
         return load_fmnist(train, data_dir)
     if name == "digits":
         return load_digits(train)
+    if user_data.is_user_data(name):
+        x, y, scale = user_data.read_npz(user_data.path_of(name), train)
+        return ArrayDataset(x, y, name, pixel_scale=scale)
     return load_torchvision(name, train, data_dir, download)
+
+
+#: (channels, image side, classes) of the named datasets, known without loading them.
+IMAGE_SPECS = {
+    "fmnist": (1, 28, 10),
+    "digits": (1, 28, 10),
+    "cifar10": (3, 32, 10),
+    "svhn": (3, 32, 10),
+    "emnist": (1, 28, 47),
+}
+
+
+def image_spec(name: str, data_dir: str | os.PathLike[str] | None = None) -> tuple[int, int, int]:
+    """``(channels, image side, classes)`` of dataset ``name``'s training images: what a
+    model is built for, the same in every process and host of a run."""
+    if name in IMAGE_SPECS:
+        return IMAGE_SPECS[name]
+    train = load_dataset(name, train=True, data_dir=data_dir)
+    x = train.x  # type: ignore[attr-defined]
+    return int(x.shape[1]), int(x.shape[-1]), int(train.y.max()) + 1  # type: ignore[attr-defined]
 
 
 def bench_dataset(name: str, quick: bool) -> str:

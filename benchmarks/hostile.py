@@ -70,10 +70,47 @@ def _labels(d: Path) -> None:
     np.save(d / "labels.npy", np.arange(100) % 3)
 
 
+def _images_run(
+    d: Path,
+    test: bool = True,
+    extra: str = "",
+    x: np.ndarray | None = None,
+    y: np.ndarray | None = None,
+) -> None:
+    """A small ``.npz`` of 20x20 images (``x``, ``y`` if given) and a run config for it."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 60) if y is None else y
+    x = rng.integers(0, 256, (len(y), 20, 20), dtype=np.uint8) if x is None else x
+    arrays = {"x_train": x, "y_train": y} | ({"x_test": x[:10], "y_test": y[:10]} if test else {})
+    np.savez(d / "images.npz", **arrays)
+    (d / "run.yaml").write_text(BASE.replace("digits", f"npy:{d}/images.npz") + extra)
+
+
+def _lying_header(descr: str, count: int) -> bytes:
+    """An ``.npy`` file whose header claims ``count`` elements and whose data is 80 bytes."""
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({count},), }}".ljust(117)
+    return (
+        b"\x93NUMPY\x01\x00"
+        + (len(header) + 1).to_bytes(2, "little")
+        + header.encode()
+        + (b"\n" + bytes(80))
+    )
+
+
+def _lying_npz(d: Path) -> None:
+    import io
+    import zipfile
+
+    _images_run(d)
+    labels = io.BytesIO()
+    np.save(labels, np.arange(9))
+    with zipfile.ZipFile(d / "images.npz", "w") as z:
+        z.writestr("x_train.npy", _lying_header("|u1", 10**13))
+        z.writestr("y_train.npy", labels.getvalue())
+
+
 def _huge_npy(d: Path) -> None:
-    header = "{'descr': '<i8', 'fortran_order': False, 'shape': (10000000000000,), }".ljust(117)
-    raw = b"\x93NUMPY\x01\x00" + (len(header) + 1).to_bytes(2, "little") + header.encode()
-    (d / "huge.npy").write_bytes(raw + b"\n" + bytes(80))
+    (d / "huge.npy").write_bytes(_lying_header("<i8", 10**13))
 
 
 def _finished_run(d: Path) -> None:
@@ -134,13 +171,38 @@ CASES: tuple[Case, ...] = (
     ),
     Case("lr: 1e-3 (a float)", CHECK, None, _write("run.yaml", BASE + "lr: 1e-3\n")),
     Case(
-        "dataset: npy:PATH in a run config",
+        "dataset: npy:labels.npy (labels only) in a run config",
         CHECK,
-        ["serves `fedbalance partition`"],
+        ["holds labels only", ".npz archive"],
         lambda d: (
             _labels(d),
             (d / "run.yaml").write_text(BASE.replace("digits", f"npy:{d}/labels.npy")),
         ),
+    ),
+    Case(
+        "dataset: npy:images.npz trains",
+        [*RUN, "--out", "{dir}/out"],
+        None,
+        _images_run,
+        check=lambda d: len((d / "out" / "metrics.jsonl").read_text().splitlines()) == 1,
+    ),
+    Case(
+        "npy:images.npz without x_test under eval_data: test",
+        CHECK,
+        ["has no x_test, y_test"],
+        lambda d: _images_run(d, test=False, extra="eval_data: test\n"),
+    ),
+    Case(
+        "npy:images.npz whose x_train header claims 10^13 bytes",
+        CHECK,
+        ["header claims 10,000,000,000,000 bytes"],
+        _lying_npz,
+    ),
+    Case(
+        "npy:images.npz with 3 images for 4 labels",
+        CHECK,
+        ["N = 4 labels", "(3, 20, 20)"],
+        lambda d: _images_run(d, x=np.zeros((3, 20, 20), np.uint8), y=np.arange(4) % 2),
     ),
     Case(
         "astraea plan: counts nested 200,000 deep",
@@ -325,6 +387,32 @@ def report(outcomes: list[Outcome], command: str) -> str:
     )
 
 
+#: The reliability reports' hostile-input section lies between these markers.
+BEGIN, END = "<!-- hostile-input -->\n", "<!-- /hostile-input -->\n"
+
+
+def reliability_section(hostile_report: str) -> str:
+    """The reliability report's section on hostile input: the counts line of
+    ``hostile_input.md`` (``hostile_report``) and a link to its per-input table."""
+    counts = next(x for x in hostile_report.splitlines() if x.startswith("Tried "))
+    return (
+        f"{BEGIN}## Hostile and careless input\n\n"
+        f"Each input through a real `fedbalance` process under a 1 GiB data limit and a {SECONDS} s"
+        f" time limit. {counts} Per input: [hostile_input.md](hostile_input.md), regenerated"
+        f" with this section by `fedbalance bench hostile`.\n{END}"
+    )
+
+
+def with_reliability_section(report: str, hostile_report: str) -> str:
+    """``report`` (a reliability report) with its hostile-input section set (appended the
+    first time)."""
+    section = reliability_section(hostile_report)
+    if BEGIN in report and END in report:
+        head, rest = report.split(BEGIN, 1)
+        return head + section + rest.split(END, 1)[1]
+    return report.rstrip("\n") + "\n\n" + section
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="fedbalance bench hostile", description=__doc__.splitlines()[0]
@@ -340,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "hostile_input.md").write_text(text)
     print(f"wrote {a.out / 'hostile_input.md'}")
+    for reliability in sorted(a.out.glob("reliability_*.md")):
+        reliability.write_text(with_reliability_section(reliability.read_text(), text))
+        print(f"set the hostile-input section of {reliability}")
     return 0 if all(o.verdict != "FAILED" for o in outcomes) else 1
 
 

@@ -72,9 +72,32 @@ class AstraeaCNN(nn.Module):
         return self.net(x)
 
 
+#: Smallest image side each model's layers leave at least one pixel of.
+MIN_IMAGE_SIZE = {"thesis_cnn": 16, "astraea_cnn": 13}
+
+
 def build_model(name: str, *, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
+    if name in MIN_IMAGE_SIZE and image_size < MIN_IMAGE_SIZE[name]:
+        raise ValueError(
+            f"model {name} needs images of at least {MIN_IMAGE_SIZE[name]}x"
+            f"{MIN_IMAGE_SIZE[name]} pixels, got {image_size}x{image_size}"
+        )
     if name == "thesis_cnn":
         return ThesisCNN(in_channels, num_classes, image_size)
     if name == "astraea_cnn":
         return AstraeaCNN(in_channels, num_classes, image_size)
     raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
+
+
+def model_for(
+    name: str, dataset: str, data_dir: str | None = None, *, seed: int | None = None
+) -> nn.Module:
+    """Model ``name`` shaped for ``dataset``'s images and classes (see
+    :func:`~fedbalance_benchmarks.datasets.image_spec`), initialised from
+    ``torch.manual_seed(seed)`` when a seed is given: the same weights in every process."""
+    from fedbalance_benchmarks.datasets import image_spec
+
+    channels, size, classes = image_spec(dataset, data_dir)
+    if seed is not None:
+        torch.manual_seed(seed)
+    return build_model(name, in_channels=channels, num_classes=classes, image_size=size)

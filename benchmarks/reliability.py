@@ -1046,6 +1046,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         + "\n"
     )
+    hostile_report = out_dir / "hostile_input.md"  # `fedbalance bench hostile` writes it
+    if hostile_report.is_file():
+        from fedbalance_benchmarks.hostile import with_reliability_section
+
+        text = with_reliability_section(text, hostile_report.read_text())
     (out_dir / f"{stem}.md").write_text(text)
     (out_dir / f"{stem}.json").write_text(
         json.dumps(

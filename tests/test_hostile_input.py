@@ -129,3 +129,15 @@ def test_fedavgm_refuses_infinite_steps(value: object) -> None:
 def test_metrics_lines_hold_no_bare_nan() -> None:
     line = json_line({"round": 1, "test_loss": float("nan"), "w": [float("inf"), 0.5]})
     assert json.loads(line) == {"round": 1, "test_loss": None, "w": [None, 0.5]}
+
+
+def test_the_reliability_report_carries_the_committed_hostile_counts() -> None:
+    """`fedbalance bench hostile` sets this section; regenerating it changes nothing."""
+    from fedbalance_benchmarks._runs import RESULTS
+    from fedbalance_benchmarks.hostile import BEGIN, with_reliability_section
+
+    hostile = (RESULTS / "hostile_input.md").read_text()
+    report = (RESULTS / "reliability_fmnist.md").read_text()
+    assert BEGIN in report and with_reliability_section(report, hostile) == report
+    counts = next(x for x in hostile.splitlines() if x.startswith("Tried "))
+    assert counts in report and "failed 0." in counts

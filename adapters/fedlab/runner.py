@@ -62,17 +62,14 @@ def build(config: RunConfig) -> Experiment:
     The model is initialised from ``torch.manual_seed(config.seed)``, so the server and every
     client process start from the same weights.
     """
-    from fedbalance_benchmarks.models import build_model
+    from fedbalance_benchmarks.datasets import image_spec
+    from fedbalance_benchmarks.models import model_for
     from fl_adapters.registry import get_registry
 
     aggregator_cls = get_registry().aggregator(config.aggregator)
-    train, labels, partition = training_data(config)
-    x0 = train[0][0]
-    num_classes = int(labels.max()) + 1
-    torch.manual_seed(config.seed)
-    model = build_model(
-        config.model, in_channels=x0.shape[0], num_classes=num_classes, image_size=x0.shape[-1]
-    )
+    train, _, partition = training_data(config)
+    model = model_for(config.model, config.dataset, config.data_dir, seed=config.seed)
+    num_classes = image_spec(config.dataset, config.data_dir)[2]
     local = LocalConfig(
         epochs=config.local_epochs,
         batch_size=config.batch_size,

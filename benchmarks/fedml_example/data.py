@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedbalance_benchmarks.datasets import dataset_targets, load_dataset
-from fedbalance_benchmarks.models import build_model
+from fedbalance_benchmarks.datasets import dataset_targets, image_spec, load_dataset
+from fedbalance_benchmarks.models import model_for
 from fl_partitions import make_partitioner
 from fl_partitions.transforms import NoisyDataset
 
@@ -29,7 +29,8 @@ def _tensors(ds: NoisyDataset) -> TensorDataset:
 
 def load(args: Any) -> tuple[list[Any], int]:
     name = getattr(args, "dataset", "fmnist")
-    train = load_dataset(name, train=True)  # a missing dataset fails here, saying how to get it
+    # A missing dataset fails here, saying how to get it.
+    train = load_dataset(name, train=True, data_dir=_data_dir(args))
     labels = dataset_targets(train)
     pixel_scale = float(getattr(train, "pixel_scale", 1.0))  # noise is in pixel units
     max_samples = getattr(args, "max_samples", None)
@@ -71,7 +72,7 @@ def load(args: Any) -> tuple[list[Any], int]:
     test_global = DataLoader(
         torch.utils.data.ConcatDataset([d.dataset for d in test_dict.values()]), batch_size=bs
     )
-    num_classes = int(labels.max()) + 1
+    num_classes = image_spec(name, _data_dir(args))[2]
     dataset = [
         sum(num_dict.values()),
         len(test_global.dataset),
@@ -91,8 +92,17 @@ def _stack(ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def model(args: Any, num_classes: int) -> torch.nn.Module:
-    """The config's ``model`` (``thesis_cnn`` or ``astraea_cnn``), seeded by ``random_seed``."""
-    torch.manual_seed(int(args.random_seed))
-    return build_model(
-        getattr(args, "model", "thesis_cnn"), in_channels=1, num_classes=num_classes, image_size=28
+    """The config's ``model`` (``thesis_cnn`` or ``astraea_cnn``) for the dataset's images,
+    seeded by ``random_seed``; ``num_classes`` (what :func:`load` returned) is the same."""
+    return model_for(
+        getattr(args, "model", "thesis_cnn"),
+        getattr(args, "dataset", "fmnist"),
+        _data_dir(args),
+        seed=int(args.random_seed),
     )
+
+
+def _data_dir(args: Any) -> str | None:
+    """The run config's ``data_dir`` (FedML's ``data_cache_dir``; its default is no choice)."""
+    path = getattr(args, "data_cache_dir", None)
+    return None if path in (None, "", "/tmp/fedml_data") else str(path)

@@ -64,9 +64,12 @@ def run_config_of(config: Mapping[str, Any]) -> RunConfig:
 
 
 def model_of(config: Mapping[str, Any]) -> nn.Module:
-    from fedbalance_benchmarks.models import build_model
+    """The run's model, shaped for its dataset's images and classes."""
+    from fedbalance_benchmarks.models import model_for
 
-    return build_model(str(config["model"]), in_channels=1, num_classes=10, image_size=28)
+    return model_for(
+        str(config["model"]), str(config["dataset"]), str(config.get("data-dir", "")) or None
+    )
 
 
 @functools.lru_cache(maxsize=2)

@@ -1,0 +1,78 @@
+"""``npy:PATH``: arrays a user brings, partitioned and trained on as the built-in datasets are.
+
+The hostile cases (labels-only files in a run, missing test arrays, lying headers, shapes
+that do not match) are in :mod:`fedbalance_benchmarks.hostile`'s list.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import images_npz, user_data_run
+
+from fedbalance_benchmarks.datasets import image_spec, load_dataset, load_labels
+from fedbalance_benchmarks.user_data import UserDataError
+
+
+def test_an_archive_loads_standardised_with_its_own_statistics(tmp_path: Path) -> None:
+    path = images_npz(tmp_path / "mine.npz")
+    name = f"npy:{path}"
+    train, test = load_dataset(name, train=True), load_dataset(name, train=False)
+    raw = np.load(path)
+    assert train.x.shape == (400, 3, 20, 20) and test.x.shape == (100, 3, 20, 20)
+    assert abs(float(train.x.mean())) < 1e-5 and float(train.x.std()) == pytest.approx(1, 1e-4)
+    # The test images are standardised with the training statistics, not their own.
+    pixels = raw["x_train"].astype(np.float64) / 255
+    expected = (raw["x_test"][0, 0, 0, 0] / 255 - pixels.mean()) / pixels.std(ddof=1)
+    assert float(test.x[0, 0, 0, 0]) == pytest.approx(expected, abs=1e-5)
+    assert train.pixel_scale == pytest.approx(1 / pixels.std(ddof=1), rel=1e-5)
+    assert image_spec(name) == (3, 20, 4)
+    assert (load_labels(name) == raw["y_train"]).all()
+
+
+@pytest.mark.parametrize(
+    ("arrays", "words"),
+    [
+        ({"x_train": np.zeros((4, 20, 20), object), "y_train": np.arange(4)}, "Python objects"),
+        ({"x_train": np.full((4, 20, 20), np.nan), "y_train": np.arange(4)}, "NaN"),
+        ({"x_train": np.zeros((4, 20, 20), np.uint8), "y_train": -np.arange(4)}, "[-3, 0]"),
+        ({"x_train": np.zeros((4, 20, 16), np.uint8), "y_train": np.arange(4)}, "H == W"),
+        ({"x_train": np.zeros((4, 5, 20, 20), np.uint8), "y_train": np.arange(4)}, "1 to 4"),
+        ({"x_train": np.zeros((4, 20, 20), np.int32), "y_train": np.arange(4)}, "got int32"),
+        ({"x_train": np.zeros((4, 20, 20), np.uint8), "y_train": np.arange(4)}, "same value"),
+        ({"x_train": np.zeros((4, 20, 20), np.uint8)}, "no y_train"),
+    ],
+    ids=["objects", "nan", "negative-labels", "not-square", "channels", "dtype", "flat",
+         "no-labels"],
+)  # fmt: skip
+def test_unusable_archives_are_refused_naming_the_array(
+    tmp_path: Path, arrays: dict[str, np.ndarray], words: str
+) -> None:
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(UserDataError) as e:
+        load_dataset(f"npy:{path}", train=True)
+    assert words in str(e.value), str(e.value)
+
+
+def test_a_model_too_big_for_the_images_is_refused(tmp_path: Path) -> None:
+    from fedbalance_benchmarks.models import model_for
+
+    path = images_npz(tmp_path / "small.npz", size=14)
+    with pytest.raises(ValueError, match="at least 16x16 pixels, got 14x14"):
+        model_for("thesis_cnn", f"npy:{path}")
+    logits = model_for("astraea_cnn", f"npy:{path}")(load_dataset(f"npy:{path}").x[:2])
+    assert logits.shape == (2, 4)
+
+
+def test_an_archive_trains_on_fedlab(tmp_path: Path) -> None:
+    summary = user_data_run(tmp_path, "fedlab")
+    assert summary["best_accuracy"] > 0.6  # chance is 0.25: the images and labels arrived
+
+
+@pytest.mark.slow
+def test_an_archive_trains_on_fedml_sp(tmp_path: Path) -> None:
+    summary = user_data_run(tmp_path, "fedml-sp")
+    assert summary["best_accuracy"] > 0.6
