@@ -81,7 +81,9 @@ class AstraeaPlanner:
         self.aggregator = aggregator
         classes = self.counts.shape[1]
         if aggregator.augment:
-            self.plan = plan_rebalance(self.counts, aggregator.tau_d, aggregator.count_clip)
+            self.plan = plan_rebalance(
+                self.counts, aggregator.tau_d, aggregator.count_clip, aggregator.augment_rule
+            )
         else:  # mediators only: nothing is rescaled
             self.plan = RebalancePlan(
                 z=np.zeros(classes),

@@ -15,12 +15,15 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
 from fl_adapters.autoload import HostNotSupported
 from fl_adapters.inputs import InputError, load_json, load_yaml
 from fl_adapters.registry import PluginError, get_registry
+
+if TYPE_CHECKING:
+    from fl_adapters.config import RunConfig
 
 log = logging.getLogger("fedbalance")
 
@@ -243,7 +246,7 @@ def cmd_fedlab_client(args: argparse.Namespace) -> int:
 
 
 def cmd_astraea_plan(args: argparse.Namespace) -> int:
-
+    from fl_adapters.sampling import sample_round
     from fl_aggregators.astraea_plan import (
         assign_mediators,
         check_counts,
@@ -253,6 +256,13 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
         plan_rebalance,
     )
 
+    if args.config is not None:
+        from fl_adapters.config import RunConfig
+
+        print(json.dumps(plan_of_run(RunConfig.load(args.config)), indent=1))
+        return 0
+    if args.class_counts is None:
+        raise UsageError("give --config RUN.yaml (a run's round 1) or --class-counts FILE")
     where = f"--class-counts {args.class_counts}"
     try:
         # A plan is quadratic in the clients: a million counts (1,000 clients x 1,000
@@ -272,9 +282,9 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
                 f"--clients-per-round must be at most the number of clients ({len(clients)}), "
                 f"got {args.clients_per_round}"
             )
-        # Round 1's clients as every host samples them: random.Random(seed).sample, sorted.
-        clients = sorted(random.Random(args.seed).sample(clients, args.clients_per_round))
-    plan = plan_rebalance(counts, args.tau_d, args.count_clip)
+        clients = sample_round(random.Random(args.seed), len(clients), args.clients_per_round)
+    rule = "paper" if args.augment == "paper" else "bounded"
+    plan = plan_rebalance(counts, args.tau_d, args.count_clip, rule)
     after = expected_counts_after(counts, plan)
     groups = assign_mediators(after[clients], args.gamma)
     mediators = [[clients[i] for i in g] for g in groups]
@@ -289,6 +299,39 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
     }
     print(json.dumps(out, indent=1))
     return 0
+
+
+def plan_of_run(config: RunConfig) -> dict[str, Any]:
+    """Round 1 of an Astraea run of ``config``, as its hosts plan it: the clients' training
+    labels counted, the plan from the config's ``aggregator_args``, the round's clients drawn
+    by the hosts' sampler (:func:`~fl_adapters.sampling.sample_round`) and grouped."""
+    import numpy as np
+
+    from fl_adapters.astraea import AstraeaPlanner, label_counts
+    from fl_adapters.experiment import is_mediated, training_data
+    from fl_adapters.sampling import sample_round
+
+    if not is_mediated(config.aggregator):
+        raise UsageError(
+            f"--config: aggregator must be astraea to preview a plan, got {config.aggregator!r}"
+        )
+    aggregator = get_registry().make_aggregator(config.aggregator, **config.aggregator_args)
+    _, labels, partition = training_data(config)
+    classes = int(labels.max()) + 1
+    counts = np.stack([label_counts(labels[s["train"]], classes) for s in partition.splits])
+    planner = AstraeaPlanner(counts, aggregator)
+    clients = sample_round(random.Random(config.seed), config.num_clients, config.clients_per_round)
+    mediators = planner.mediators(clients)
+    kl = planner.client_kl()
+    return {
+        **planner.plan.as_dict(),
+        "gamma": planner.aggregator.group_size,
+        "clients": clients,
+        "mediators": mediators,
+        "kl": planner.mediator_kl(mediators),
+        "client_kl_before": kl["before"],
+        "client_kl_after": kl["after"],
+    }
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -447,8 +490,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("astraea", help="Astraea tools")
     astraea = p.add_subparsers(dest="astraea_command", required=True, parser_class=_Parser)
     p = astraea.add_parser("plan", help="z-score rebalancing plan and mediator assignment as JSON")
+    p.add_argument("--class-counts", help="JSON list of lists: clients x classes counts")
     p.add_argument(
-        "--class-counts", required=True, help="JSON list of lists: clients x classes counts"
+        "--config",
+        help="a run config (aggregator: astraea): preview exactly its round 1 instead (the "
+        "other options come from the config)",
+    )
+    p.add_argument(
+        "--augment",
+        choices=["bounded", "paper"],
+        default="bounded",
+        help="augmentation formula: the bounded default or the paper's printed one",
     )
     p.add_argument(
         "--tau-d",

@@ -13,7 +13,9 @@ so the host adapters (FedLab standalone, FedML sp) know to run mediators when a 
 aggregation record.
 
 The two strategies can run alone: ``augment=False`` is mediators only, ``mediators=False``
-is augmentation with plain FedAvg (each client its own mediator). ``count_clip`` bounds what one
+is augmentation with plain FedAvg (each client its own mediator). ``augment="paper"``
+augments with the paper's printed formula instead of the bounded default (see
+:mod:`fl_aggregators.astraea_plan`). ``count_clip`` bounds what one
 client's reported label counts can do to the plan (see :mod:`fl_aggregators.astraea_plan`).
 Upper limits keep a round's work bounded: ``mediator_epochs`` at most 100, ``tau_d`` in
 [0.01, 100], a finite ``count_clip`` at most 1000.
@@ -46,6 +48,18 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
+def _augment(value: Any) -> tuple[bool, str]:
+    """``augment``: ``true`` (the bounded rule), ``"paper"`` (the printed one) or ``false``."""
+    if value == "paper" and isinstance(value, str):
+        return True, "paper"
+    if isinstance(value, bool):
+        return value, "bounded"
+    raise ValueError(
+        f"augment must be true (the bounded rule), 'paper' (the paper's printed formula) or "
+        f"false, got {value!r}"
+    )
+
+
 class Astraea(FedAvg):
     """Astraea (Duan et al. 2021): rebalancing + mediators; tau_d, gamma, mediator_epochs."""
 
@@ -59,7 +73,7 @@ class Astraea(FedAvg):
         tau_d: float = 3.5,
         gamma: int = 10,
         mediator_epochs: int = 1,
-        augment: bool = True,
+        augment: bool | str = True,
         mediators: bool = True,
         count_clip: float | None = 20.0,
         update_clip: float | None = None,
@@ -76,7 +90,7 @@ class Astraea(FedAvg):
             "passes of a mediator over its clients per round",
             MAX_MEDIATOR_EPOCHS,
         )
-        self.augment = _flag("augment", augment)
+        self.augment, self.augment_rule = _augment(augment)
         self.mediators = _flag("mediators", mediators)
         self._annotations: dict[str, Any] = {}
 

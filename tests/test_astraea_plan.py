@@ -177,3 +177,83 @@ def test_cli_plan_rejects_bad_values(tmp_path: Path, capsys) -> None:  # type: i
     f.write_text("[[1, 2]]")
     assert main(["astraea", "plan", "--class-counts", str(f), "--tau-d", "0"]) == 2
     assert "tau_d must be a float in [0.01, 100]" in capsys.readouterr().err
+
+
+def test_the_papers_printed_augmentation_formula_on_request() -> None:
+    """``rule="paper"``: ``Rad = (mu + sigma sqrt(|Z| tau_d)) / C`` for every rescaled class,
+    the downsampling formula with |Z|; it takes a minority class above the mean, where the
+    bounded default stays below it. Downsampling is the same under both."""
+    sizes = np.array([4000, 900, 1500, 2500, 300, 2000, 1800, 700, 3500, 200], dtype=float)
+    mu, sigma = sizes.mean(), sizes.std()
+    bounded = plan_rebalance(sizes, tau_d=1.0)
+    paper = plan_rebalance(sizes, tau_d=1.0, rule="paper")
+    assert paper.augment == bounded.augment and paper.downsample == bounded.downsample
+    assert paper.augment and paper.downsample
+    for y in paper.augment:
+        z = (sizes[y] - mu) / sigma
+        assert paper.rad[y] == pytest.approx((mu + sigma * math.sqrt(abs(z) * 1.0)) / sizes[y])
+        assert paper.rad[y] * sizes[y] > mu > bounded.rad[y] * sizes[y]
+    for y in paper.downsample:
+        assert paper.rad[y] == bounded.rad[y]
+    assert paper.as_dict()["rule"] == "paper" and "rule" not in bounded.as_dict()
+    with pytest.raises(ValueError, match="rule must be one of bounded, paper, got 'literal'"):
+        plan_rebalance(sizes, rule="literal")
+
+
+@pytest.mark.parametrize("value", ["Paper", 1, None])
+def test_augment_takes_true_false_or_paper(value: object) -> None:
+    from fl_aggregators.astraea import Astraea
+
+    assert Astraea(augment="paper").augment_rule == "paper" and Astraea().augment_rule == "bounded"
+    with pytest.raises(ValueError, match="augment must be true .* 'paper' .* or false"):
+        Astraea(augment=value)  # type: ignore[arg-type]
+
+
+def test_cli_plan_of_a_run_config_is_that_runs_round_1(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`astraea plan --config` previews exactly round 1 of `fedbalance run` on the same config:
+    the hosts' sampler, the run's partition and plan. The run's first row also counts the
+    samples its mediators trained on (Em passes over rebalanced data) and their KL as trained."""
+    import yaml
+
+    from fedbalance_benchmarks.datasets import load_dataset
+    from fl_adapters.astraea import rebalance_client
+    from fl_adapters.config import RunConfig
+    from fl_adapters.experiment import training_data
+
+    config = {
+        "framework": "fedlab",
+        "dataset": "digits",
+        "partition": {"name": "label_dirichlet", "beta": 0.3},
+        "aggregator": "astraea",
+        "aggregator_args": {"gamma": 3, "tau_d": 1.0, "mediator_epochs": 2},
+        "num_clients": 16,
+        "clients_per_round": 9,
+        "rounds": 1,
+        "local_epochs": 1,
+        "seed": 5,
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["astraea", "plan", "--config", str(path)]) == 0
+    preview = json.loads(capsys.readouterr().out)
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--no-progress"]) == 0
+    row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert preview["mediators"] == row["mediators"] and len(row["mediators"]) == 3
+    assert preview["kl"] == pytest.approx(row["mediator_kl"])
+    assert preview["augment"], preview  # rebalancing ran: the sizes below are not the raw ones
+    # Samples trained: each member's rebalanced training data, twice (mediator_epochs 2).
+    _, labels, partition = training_data(RunConfig.from_dict(config))
+    data = load_dataset("digits")
+    sizes = []
+    for c in preview["clients"]:
+        idx = partition.splits[c]["train"]
+        x, y = data.get_batch(idx)
+        sizes.append(len(rebalance_client(x, y, preview["rad"], 5, c)[1]))
+    assert row["sample_passes"] == 2 * sum(sizes)
+    assert len(row["mediator_kl_trained"]) == 3
+    summary = json.loads((out / "summary.json").read_text())["astraea"]
+    assert sorted(int(c) for c in summary["client_kl_after_trained"]) == preview["clients"]
+    assert summary["data_added"]["trained"] == pytest.approx(
+        sum(sizes) / sum(len(partition.splits[c]["train"]) for c in preview["clients"]) - 1
+    )

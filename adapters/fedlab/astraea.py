@@ -55,7 +55,6 @@ from fl_adapters.fedlab.trainer import (
     FedBalanceSerialTrainer,
     LocalConfig,
     UplinkHook,
-    train_client,
 )
 from fl_aggregators.astraea import Astraea
 
@@ -304,7 +303,7 @@ class RebalancedData:
         self.seed = seed
         self.num = data.num
         self.rad: np.ndarray | None = None
-        self._train: dict[int, torch.utils.data.TensorDataset] = {}
+        self._train: dict[int, TensorData] = {}
 
     def set_rad(self, rad: np.ndarray) -> None:
         if self.rad is not None and not np.array_equal(self.rad, rad):
@@ -318,6 +317,10 @@ class RebalancedData:
             x, y = dataset_tensors(self.data.get_dataset(id, "train"))
             self._train[id] = TensorData(*rebalance_client(x, y, self.rad, self.seed, id))
         return self._train[id]
+
+    def trained_counts(self, num_classes: int) -> dict[int, np.ndarray]:
+        """Label counts of each client's rebalanced data built so far (what it trains on)."""
+        return {c: label_counts(d.y, num_classes) for c, d in self._train.items()}
 
 
 class TensorData(torch.utils.data.TensorDataset):
@@ -373,10 +376,8 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
                 raise ValueError(f"mediator {m} names clients {unknown} this trainer does not hold")
 
             def train_one(client: int, w: torch.Tensor, m: int = m) -> tuple[torch.Tensor, int]:
-                k = self.participations.get(client, 0)
-                self.participations[client] = k + 1
                 self.trace.append((self.rounds, m, client))
-                package = train_client(self._model, w, self.rebalanced, client, k, self.cfg)
+                package = self.train(client, w, self.rebalanced)
                 if self.uplink_hook is not None:  # what this member would report
                     package = self.uplink_hook(client, w, package)
                 return package[0], int(package[1][1])
@@ -393,10 +394,8 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
             raise ValueError(f"hop of mediator {mediator} names {clients}, local ids map to {ids}")
         n = 0
         for client in ids:
-            k = self.participations.get(client, 0)
-            self.participations[client] = k + 1
             self.trace.append((-1, mediator, client))
-            package = train_client(self._model, params, self.rebalanced, client, k, self.cfg)
+            package = self.train(client, params, self.rebalanced)
             params, n = package[0], n + int(package[1][1])
         self.cache.append([params, pack_meta(mediator, n, None)])
 

@@ -18,6 +18,7 @@ from fedlab.contrib.algorithm.basic_server import SyncServerHandler
 from fedlab.utils import SerializationTool
 
 from fl_adapters.fedlab.payload import unpack
+from fl_adapters.sampling import sample_round
 from fl_aggregators import AggregationResult, Aggregator, ClientUpdate
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class FedBalanceServerHandler(SyncServerHandler):
         if self.rng is None:
             sampled = list(super().sample_clients())
         else:
-            sampled = sorted(self.rng.sample(range(self.num_clients), self.num_clients_per_round))
+            sampled = sample_round(self.rng, self.num_clients, self.num_clients_per_round)
         for c in sampled:
             self.participations[c] = self.participations.get(c, 0) + self.participation_step
         return sampled

@@ -41,6 +41,7 @@ from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
 from fl_aggregators import AggregationResult
+from fl_aggregators.astraea_plan import client_kl, mediator_kl
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,10 @@ class MetricsWriter:
             self.test = [exp.data.get_dataset(c, split) for c in range(exp.data.num)]
         self.param_bytes = sum(p.numel() * p.element_size() for p in exp.model.parameters())
         self.astraea: Any = None  # the AstraeaPlanner of an Astraea run
+        #: Standalone: the serial trainer, whose counts of samples trained (and, for Astraea,
+        #: of the labels of the rebalanced data) the rows report.
+        self.trainer: Any = None
+        self._passes = 0
         self.started = time.perf_counter()
         self.bar = None
         if progress:
@@ -167,6 +172,15 @@ class MetricsWriter:
                 hops = traffic["mediator_clients"] // 2
                 bytes_down, bytes_up = traffic["server_down"] + hops, traffic["server_up"] + hops
             row.update(mediators=result.extra["mediators"], mediator_kl=result.extra["kl"])
+            trained = self._trained_counts()
+            if trained:  # standalone: KL of the data the mediators actually trained on
+                counts = np.zeros((self.exp.data.num, self.exp.num_classes), np.int64)
+                for c, n in trained.items():
+                    counts[c] = n
+                row["mediator_kl_trained"] = mediator_kl(counts, row["mediators"])
+        if self.trainer is not None:  # standalone: samples trained this round, x local epochs
+            row["sample_passes"] = self.trainer.sample_passes - self._passes
+            self._passes = self.trainer.sample_passes
         # Parameters down to each sampled client and up again, plus fedbalance's 3-float meta.
         row["bytes_down"] = bytes_down if bytes_down is not None else k * self.param_bytes
         row["bytes_up"] = bytes_up if bytes_up is not None else k * (self.param_bytes + 12)
@@ -180,6 +194,14 @@ class MetricsWriter:
             if "test_accuracy" in row or "val_accuracy" in row:
                 acc = row.get("test_accuracy", row.get("val_accuracy"))
                 self.bar.set_postfix(acc=f"{acc:.4f}")
+
+    def _trained_counts(self) -> dict[int, np.ndarray]:
+        """Standalone Astraea: the label counts of each client's data as it trains on it (its
+        rebalanced data, built the first time the client trains)."""
+        rebalanced = getattr(self.trainer, "rebalanced", None)
+        if rebalanced is None or self.astraea is None:
+            return {}
+        return dict(rebalanced.trained_counts(self.exp.num_classes))
 
     def save_checkpoint(self, handler: FedBalanceServerHandler) -> None:
         from fedlab.utils import SerializationTool
@@ -210,6 +232,16 @@ class MetricsWriter:
                 "client_kl_after": kl["after"],
                 "mediator_kl_mean": sum(med) / len(med) if med else None,
             }
+            counts, expected = self.astraea.counts, self.astraea.expected
+            doc["astraea"]["data_added"] = {"expected": float(expected.sum() / counts.sum() - 1)}
+            trained = self._trained_counts()
+            if trained:  # the clients' rebalanced data as built (every client that trained)
+                ids = sorted(c for c in trained if trained[c].sum() > 0)
+                doc["astraea"]["client_kl_after_trained"] = dict(
+                    zip(ids, client_kl(np.stack([trained[c] for c in ids])), strict=True)
+                )
+                built = sum(int(trained[c].sum()) for c in ids)
+                doc["astraea"]["data_added"]["trained"] = built / counts[ids].sum() - 1
         (self.out_dir / "summary.json").write_text(json_doc(doc))
         return doc
 
@@ -309,6 +341,7 @@ def run_standalone(
         trainer = FedBalanceSerialTrainer(
             _copy_model(exp.model), exp.data, exp.local, uplink_hook=uplink_hook
         )
+    writer.trainer = trainer
     if ckpt is not None:
         restore(handler, ckpt)
         trainer.participations = dict(ckpt.participations)

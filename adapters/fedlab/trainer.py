@@ -101,9 +101,19 @@ class FedBalanceSerialTrainer(SerialClientTrainer):
         self.participations: dict[int, int] = {}
         self.cache: list[list[torch.Tensor]] = []
         self.uplink_hook = uplink_hook
+        #: Samples trained on so far, counted once per local epoch (the clients' computation).
+        self.sample_passes = 0
 
     def setup_dataset(self, dataset: PartitionedDataset) -> None:  # FedLab API
         self.dataset = dataset
+
+    def train(self, client: int, params: torch.Tensor, data: Any) -> list[torch.Tensor]:
+        """Client ``client``'s next local training from ``params`` on ``data``: its package."""
+        k = self.participations.get(client, 0)
+        self.participations[client] = k + 1
+        package = train_client(self._model, params, data, client, k, self.cfg)
+        self.sample_passes += int(package[1][1]) * self.cfg.epochs
+        return package
 
     def setup_optim(self, *args: Any) -> None:  # FedLab API; the optimizer is per client
         pass
@@ -116,9 +126,7 @@ class FedBalanceSerialTrainer(SerialClientTrainer):
     def local_process(self, payload: list[torch.Tensor], id_list: list[int]) -> None:
         for local_id in id_list:
             client = self.client_ids[int(local_id)]
-            k = self.participations.get(client, 0)
-            self.participations[client] = k + 1
-            package = train_client(self._model, payload[0], self.dataset, client, k, self.cfg)
+            package = self.train(client, payload[0], self.dataset)
             if self.uplink_hook is not None:
                 package = self.uplink_hook(client, payload[0], package)
             self.cache.append(package)

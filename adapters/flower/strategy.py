@@ -60,6 +60,7 @@ from fl_adapters.flower.payload import (
     to_array_record,
     to_state_dict,
 )
+from fl_adapters.sampling import sample_round
 from fl_aggregators import AggregationResult, Aggregator
 
 log = logging.getLogger(__name__)
@@ -205,7 +206,7 @@ class FedBalanceStrategy(FedAvg):
         if any(n not in self.client_ids and n not in self.unidentified for n in connected):
             self.identify(grid, connected)
         nodes = sorted(connected, key=self._order)
-        return sorted(self.rng.sample(nodes, size), key=self._order)
+        return [nodes[i] for i in sample_round(self.rng, len(nodes), size)]
 
     def _order(self, node: int) -> tuple[int, int]:
         client = self.client_ids.get(node)
