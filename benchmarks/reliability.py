@@ -803,21 +803,30 @@ def faults(
 
 # -- Astraea: lies about label counts ----------------------------------------------------------
 def astraea_lies(opts: dict[str, Any]) -> list[list[str]]:
-    """One client lies about its label counts on the Astraea benchmark's partition."""
+    """One client lies about its label counts on a partition like the Astraea benchmark's
+    (its earlier design: 100 clients, each client's 70 % training split)."""
     import numpy as np
 
-    from fedbalance_benchmarks.astraea import FULL as ASTRAEA_FULL
-    from fedbalance_benchmarks.astraea import QUICK as ASTRAEA_QUICK
-    from fedbalance_benchmarks.astraea import run_config as astraea_config
     from fl_adapters.astraea import label_counts
     from fl_adapters.config import RunConfig
     from fl_adapters.fedlab.astraea import client_labels
     from fl_adapters.fedlab.runner import build
     from fl_aggregators.astraea_plan import plan_rebalance
 
-    base = dict(ASTRAEA_QUICK if opts["quick"] else ASTRAEA_FULL)
-    base.update(dataset=opts["dataset"], model="astraea_cnn", profile="letters")
-    exp = build(RunConfig.from_dict(astraea_config("astraea tau_d=3.5", 0, base)))
+    config = {  # 100 clients (20 --quick, of 6,000 samples), letters profile, label Dir(0.5)
+        "dataset": opts["dataset"],
+        "model": "astraea_cnn",
+        "partition": {
+            "name": "global_imbalance",
+            "profile": "letters",
+            "then": {"name": "label_dirichlet", "beta": 0.5},
+        },
+        "aggregator": "astraea",
+        "num_clients": 20 if opts["quick"] else 100,
+        "max_samples": 6000 if opts["quick"] else None,
+        "seed": 0,
+    }
+    exp = build(RunConfig.from_dict(config))
     honest = np.stack([label_counts(y, exp.num_classes) for y in client_labels(exp.data)]).astype(
         float
     )
