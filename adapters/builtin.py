@@ -1,4 +1,5 @@
-"""fedbalance's own plugins, registered through the ``fedbalance`` entry-point group."""
+"""fedbalance's own plugins, registered directly by :class:`fl_adapters.registry.Registry`
+(no entry point: they work from a plain source checkout)."""
 
 from __future__ import annotations
 

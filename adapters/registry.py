@@ -1,14 +1,20 @@
-"""Name -> class registry of aggregator and partitioner plugins (pluggy + entry points).
+"""Name -> class registry of aggregator and partitioner plugins, on pluggy.
 
-Plugins are discovered from the ``fedbalance`` entry-point group — fedbalance's built-ins
-included — so a third-party package adds an aggregator with one module and one entry-point
-line. Set ``FEDBALANCE_DISABLE_PLUGIN_AUTOLOAD=1`` to load the built-ins only (as pytest's
-``PYTEST_DISABLE_PLUGIN_AUTOLOAD``), e.g. in tests or when a third-party plugin is broken.
+fedbalance's built-ins (:mod:`fl_adapters.builtin`) are registered directly, so they work
+from a plain source checkout; third-party plugins come from the ``fedbalance`` entry-point
+group through pluggy's ``load_setuptools_entrypoints``, so a package adds an aggregator with
+one module and one entry-point line. Set ``FEDBALANCE_DISABLE_PLUGIN_AUTOLOAD=1`` to load the
+built-ins only (as pytest's ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``), e.g. when a plugin is broken.
+
+Every plugin is checked before it is used: ``check_pending()`` makes a misspelt hook
+(``fedbalance_aggregator``) an error naming it, and a ``fedbalance_*`` function without
+``@hookimpl`` is an error too (pluggy would ignore it). The classes come from calling each
+plugin's implementations of the hooks in ``pm.hook``, so each is attributed to its plugin.
 
 Names are case-insensitive. An unknown name raises :class:`UnknownPluginError`, which lists
-every available name and suggests the closest; a plugin that fails to import raises
-:class:`PluginLoadError` naming it and its distribution, chained to the cause; two plugins
-claiming one name raise :class:`DuplicatePluginError`.
+every available name and suggests the closest; a plugin that fails to import or whose hook
+raises is a :class:`PluginLoadError` naming it and its distribution, chained to the cause; two
+plugins claiming one name raise :class:`DuplicatePluginError`.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 import pluggy
 
-from fl_adapters import hookspecs
+from fl_adapters import builtin, hookspecs
 from fl_partitions.base import Partitioner
 from fl_partitions.builtin import make_partitioner
 
@@ -29,6 +35,9 @@ GROUP = "fedbalance"
 DISTRIBUTION = "fedbalance"
 DISABLE_ENV = "FEDBALANCE_DISABLE_PLUGIN_AUTOLOAD"
 KINDS = ("aggregators", "partitioners")
+#: The built-ins' plugin name (no entry point can take it: see :func:`_entry_points`).
+BUILTIN = "fedbalance:builtin"
+HOOKS = tuple(f"fedbalance_{kind}" for kind in KINDS)
 
 
 class PluginError(Exception):
@@ -67,47 +76,97 @@ class PluginInfo:
         return {"name": self.name, "description": self.description, "source": self.source}
 
 
-def _entry_points() -> list[md.EntryPoint]:
-    eps = sorted(md.entry_points(group=GROUP), key=lambda ep: ep.name)
-    from fl_adapters.autoload import env_flag
+def _entry_points() -> list[tuple[str, Any]]:
+    """``(distribution, entry point)`` of every third-party plugin, by entry-point name."""
+    found = []
+    for dist in md.distributions():
+        name = getattr(dist, "name", None) or dist.metadata["Name"]
+        if name == DISTRIBUTION:  # the built-ins are registered directly
+            continue
+        found += [(name, ep) for ep in dist.entry_points if ep.group == GROUP]
+    found.sort(key=lambda item: item[1].name)
+    for (d1, ep1), (d2, ep2) in zip(found, found[1:], strict=False):
+        if ep1.name == ep2.name or ep1.name == BUILTIN:
+            raise DuplicatePluginError(
+                f"fedbalance plugin name {ep1.name!r} is claimed by {d1} ({ep1.value}) and "
+                f"{d2} ({ep2.value}); uninstall one of them"
+            )
+    return found
 
-    if env_flag(DISABLE_ENV):
-        eps = [ep for ep in eps if ep.dist is not None and ep.dist.name == DISTRIBUTION]
-    return eps
+
+def _hook_hint(name: str) -> str:
+    close = difflib.get_close_matches(name, HOOKS, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 class Registry:
     """Loads every plugin once and answers lookups by name."""
 
-    def __init__(self, entry_points: list[md.EntryPoint] | None = None) -> None:
+    def __init__(self, autoload: bool | None = None) -> None:
+        from fl_adapters.autoload import env_flag
+
         self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT)
         self.plugin_manager.add_hookspecs(hookspecs)
+        self.plugin_manager.register(builtin, name=BUILTIN)
+        self._sources = {BUILTIN: DISTRIBUTION}
+        if autoload if autoload is not None else not env_flag(DISABLE_ENV):
+            for dist, ep in _entry_points():
+                self._load(dist, ep)
+        self._check()
         self._tables: dict[str, dict[str, PluginInfo]] = {kind: {} for kind in KINDS}
-        for ep in _entry_points() if entry_points is None else entry_points:
-            self._load(ep)
+        for kind in KINDS:
+            self._collect(kind)
 
-    def _load(self, ep: md.EntryPoint) -> None:
-        source = ep.dist.name if ep.dist is not None else "(unknown distribution)"
+    def _load(self, dist: str, ep: Any) -> None:
+        """Entry point ``ep`` of ``dist`` through pluggy, an import error naming both."""
         try:
-            module = ep.load()
+            self.plugin_manager.load_setuptools_entrypoints(GROUP, name=ep.name)
         except Exception as e:
             raise PluginLoadError(
-                f"fedbalance plugin {ep.name!r} from {source} failed to import "
+                f"fedbalance plugin {ep.name!r} from {dist} failed to import "
                 f"({ep.value}): {type(e).__name__}: {e}"
             ) from e
-        if self.plugin_manager.is_registered(module):
-            return
-        self.plugin_manager.register(module, name=f"{source}:{ep.name}")
-        for kind in KINDS:
-            hook = getattr(module, f"fedbalance_{kind}", None)
-            if hook is None:
-                continue
+        self._sources[ep.name] = dist
+        plugin = self.plugin_manager.get_plugin(ep.name)
+        for attr in dir(plugin):
+            value = getattr(plugin, attr, None)
+            if attr.startswith("fedbalance_") and callable(value):
+                if self.plugin_manager.parse_hookimpl_opts(plugin, attr) is None:
+                    raise PluginError(
+                        f"fedbalance plugin {ep.name!r} from {dist}: {attr}() is not marked "
+                        "@hookimpl (from fl_adapters.hookspecs import hookimpl), so it would "
+                        "never be called"
+                    )
+
+    def _check(self) -> None:
+        """``check_pending()``: a hook no spec declares (a misspelling) is an error naming it."""
+        try:
+            self.plugin_manager.check_pending()
+        except pluggy.PluginValidationError as e:
+            name = self.plugin_manager.get_name(e.plugin) or repr(e.plugin)
+            unknown = [
+                hook
+                for hook, caller in vars(self.plugin_manager.hook).items()
+                if not caller.has_spec()
+                and any(i.plugin is e.plugin for i in caller.get_hookimpls())
+            ]
+            raise PluginError(
+                f"fedbalance plugin {name!r} from {self._sources.get(name, '?')} implements "
+                f"{', '.join(map(repr, unknown))}, which is not a fedbalance hook; "
+                f"{_hook_hint(unknown[0]) if unknown else ''}the hooks are {', '.join(HOOKS)}"
+            ) from e
+
+    def _collect(self, kind: str) -> None:
+        """Call every plugin's ``fedbalance_<kind>`` (through ``pm.hook``) and add its classes."""
+        caller = getattr(self.plugin_manager.hook, f"fedbalance_{kind}")
+        for impl in caller.get_hookimpls():
+            source = self._sources.get(impl.plugin_name, "(unknown distribution)")
             try:
-                classes = list(hook())
+                classes = list(impl.function())
             except Exception as e:
                 raise PluginLoadError(
-                    f"fedbalance plugin {ep.name!r} from {source}: fedbalance_{kind}() raised "
-                    f"{type(e).__name__}: {e}"
+                    f"fedbalance plugin {impl.plugin_name!r} from {source}: fedbalance_{kind}() "
+                    f"raised {type(e).__name__}: {e}"
                 ) from e
             for cls in classes:
                 self._add(kind, cls, source)

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from fl_adapters import registry as reg_mod
 from fl_adapters.hookspecs import hookimpl
 from fl_adapters.registry import (
     DuplicatePluginError,
+    PluginError,
     PluginLoadError,
     Registry,
     UnknownPluginError,
@@ -35,11 +39,6 @@ BUILTIN_PARTITIONERS = {
 
 
 @dataclass
-class FakeDist:
-    name: str
-
-
-@dataclass
 class FakeEntryPoint:
     """Stands in for an importlib.metadata entry point of a third-party distribution."""
 
@@ -48,11 +47,31 @@ class FakeEntryPoint:
     dist: FakeDist
     target: Any = None
     error: BaseException | None = None
+    group: str = "fedbalance"
 
     def load(self) -> Any:
         if self.error is not None:
             raise self.error
         return self.target
+
+    def matches(self, **params: Any) -> bool:  # what importlib.metadata.entry_points() asks
+        return all(getattr(self, k) == v for k, v in params.items())
+
+
+@dataclass
+class FakeDist:
+    """Stands in for an installed distribution (what pluggy's entry-point loading reads)."""
+
+    name: str
+    entry_points: list[FakeEntryPoint] = field(default_factory=list)
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return {"Name": self.name}
+
+    @property
+    def _normalized_name(self) -> str:  # importlib.metadata de-duplicates distributions by it
+        return self.name.replace("-", "_").lower()
 
 
 class EveryOther(Partitioner):
@@ -80,25 +99,33 @@ def plugin_module(name: str, partitioners: list[type]) -> types.ModuleType:
 
 @pytest.fixture
 def with_entry_points(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """Add fake third-party entry points beside the real (installed) ones."""
+    """Install fake third-party distributions beside the real ones: each entry point's
+    ``dist`` gets it (pluggy's ``load_setuptools_entrypoints`` reads distributions)."""
+    import importlib.metadata
 
     def install(*extra: FakeEntryPoint) -> None:
-        real = list(reg_mod.md.entry_points(group=reg_mod.GROUP))
-        monkeypatch.setattr(
-            reg_mod.md,
-            "entry_points",
-            lambda group=None: [*real, *extra] if group == reg_mod.GROUP else [],
-        )
+        real = list(importlib.metadata.distributions())
+        dists: dict[str, FakeDist] = {}
+        for ep in extra:
+            dists.setdefault(ep.dist.name, FakeDist(ep.dist.name)).entry_points.append(ep)
+        monkeypatch.setattr(importlib.metadata, "distributions", lambda: [*real, *dists.values()])
 
     return install
 
 
-def test_builtins_register_through_the_entry_point_group() -> None:
-    infos = {i.name: i for i in get_registry().infos("partitioners")}
+def test_builtins_register_directly_even_without_any_installed_distribution(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain source checkout: no distribution metadata at all, the built-ins still load."""
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: [])
+    registry = Registry()
+    infos = {i.name: i for i in registry.infos("partitioners")}
     assert BUILTIN_PARTITIONERS <= set(infos)
     assert {infos[n].source for n in BUILTIN_PARTITIONERS} == {"fedbalance"}
-    eps = [ep for ep in reg_mod.md.entry_points(group="fedbalance") if ep.dist.name == "fedbalance"]
-    assert [ep.value for ep in eps] == ["fl_adapters.builtin"]
+    assert "fedloss" in registry.names("aggregators")
+    assert registry.plugin_manager.get_plugin(reg_mod.BUILTIN) is not None
 
 
 @pytest.mark.parametrize(
@@ -265,3 +292,70 @@ def test_list_from_the_installed_console_script() -> None:
     for name in BUILTIN_PARTITIONERS:
         assert name in exe.stdout
     assert "[fedbalance]" in exe.stdout
+
+
+EXAMPLE = Path(__file__).parent / "plugins" / "example_plugin.py"
+
+
+def _module(path: Path, name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readmes_plugin_example_is_this_tested_plugin(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    """The README shows ``tests/plugins/example_plugin.py`` verbatim; installed under an entry
+    point it adds an aggregator and a partitioner that work."""
+    from fl_aggregators import ClientUpdate
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert EXAMPLE.read_text() in readme
+    plugin = _module(EXAMPLE, "fb_example")
+    with_entry_points(FakeEntryPoint("example", "fb_example", FakeDist("fb-example"), plugin))
+    registry = Registry()
+    assert {i.name: i.source for i in registry.infos("aggregators")}["equal_weights"] == (
+        "fb-example"
+    )
+    agg = registry.make_aggregator("equal_weights")
+    updates = [ClientUpdate(params=torch.full((2,), float(v)), num_samples=n) for v, n in
+               ((0, 1), (3, 100))]  # fmt: skip
+    result = agg.aggregate(torch.zeros(2), updates)
+    assert result.weights == pytest.approx([0.5, 0.5])
+    assert result.params.tolist() == pytest.approx([1.5, 1.5])  # not 100/101 of the way to 3
+    part = registry.make_partitioner({"name": "round_robin"}).partition(np.zeros(6, int), 3)
+    assert [ix.tolist() for ix in part.client_indices] == [[0, 3], [1, 4], [2, 5]]
+
+
+def test_a_misspelt_hook_is_an_error_naming_it(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    mod = types.ModuleType("fb_typo")
+
+    @hookimpl
+    def fedbalance_aggregator() -> list[type]:  # no "s": not a fedbalance hook
+        return []
+
+    mod.fedbalance_aggregator = fedbalance_aggregator  # type: ignore[attr-defined]
+    with_entry_points(FakeEntryPoint("typo", "fb_typo", FakeDist("fb-typo"), target=mod))
+    with pytest.raises(PluginError) as err:
+        Registry()
+    msg = str(err.value)
+    assert "plugin 'typo' from fb-typo implements 'fedbalance_aggregator'" in msg
+    assert "did you mean 'fedbalance_aggregators'?" in msg
+
+
+def test_a_hook_without_hookimpl_is_an_error_not_ignored(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    mod = types.ModuleType("fb_unmarked")
+    mod.fedbalance_partitioners = lambda: [EveryOther]  # type: ignore[attr-defined]
+    with_entry_points(FakeEntryPoint("unmarked", "fb_unmarked", FakeDist("fb-unmarked"), mod))
+    with pytest.raises(PluginError, match=r"fedbalance_partitioners\(\) is not marked @hookimpl"):
+        Registry()
+
+
+def test_two_distributions_claiming_one_plugin_name_are_named(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    with_entry_points(
+        FakeEntryPoint("same", "fb_a", FakeDist("fb-a"), plugin_module("fb_a", [EveryOther])),
+        FakeEntryPoint("same", "fb_b", FakeDist("fb-b"), plugin_module("fb_b", [])),
+    )
+    with pytest.raises(DuplicatePluginError, match="'same' is claimed by fb-a .* and fb-b"):
+        Registry()
