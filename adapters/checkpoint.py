@@ -16,9 +16,10 @@ only, never arbitrary pickled objects. A damaged, tampered or foreign file is a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ VERSION = 1
 NAME = "checkpoint.pt"
 #: Config fields a resumed run may change (a longer run continues a shorter one).
 MAY_CHANGE = ("rounds", "eval_every", "data_dir")
+
+
+#: How a checkpoint's host is named in messages.
+HOST_LABELS = {"fedlab": "FedLab", "fedml": "FedML", "flower": "Flower"}
 
 
 class CheckpointError(ValueError):
@@ -50,6 +55,8 @@ class Checkpoint:
     rng: dict[str, Any] | None = None
     #: Per-round metrics the host keeps in memory only (Flower's strategy ``Result``), as JSON.
     history: dict[str, Any] | None = None
+    #: The host that wrote it: ``fedlab``, ``fedml`` or ``flower`` (see :meth:`written_by`).
+    host: str | None = None
 
     def save(self, path: Path) -> None:
         doc = {
@@ -64,6 +71,7 @@ class Checkpoint:
             "plan": json.dumps(self.plan) if self.plan is not None else None,
             "rng": self.rng,
             "history": json.dumps(self.history) if self.history is not None else None,
+            "host": self.host,
         }
         tmp = path.with_name(path.name + ".tmp")
         torch.save(doc, tmp)
@@ -100,6 +108,7 @@ class Checkpoint:
                 history=(
                     _json(doc["history"], "history") if doc.get("history") is not None else None
                 ),
+                host=doc.get("host"),  # absent before checkpoints named their host
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: malformed checkpoint ({type(e).__name__}: {e})") from e
@@ -127,6 +136,24 @@ class Checkpoint:
                 f"{path}: participation counts must be non-negative and fit round {ckpt.round}"
             )
         return ckpt
+
+    def written_by(self) -> str:
+        """The host that wrote this checkpoint; for one written before checkpoints named it,
+        told from its contents (Flower's config names it; FedML holds a state dict)."""
+        if self.host is not None:
+            return self.host
+        if self.config.get("host") == "flower":
+            return "flower"
+        return "fedml" if isinstance(self.model, dict) else "fedlab"
+
+    def check_host(self, host: str, path: Path) -> None:
+        """Refuse a checkpoint another host wrote, naming both."""
+        written = self.written_by()
+        if written != host:
+            raise CheckpointError(
+                f"{path} was written by a {HOST_LABELS.get(written, written)} run; this is a "
+                f"{HOST_LABELS.get(host, host)} run: resume with the host that wrote it"
+            )
 
     def check_model(self, template: torch.Tensor | Mapping[str, torch.Tensor], path: Path) -> None:
         """Refuse a model that is not ``template``'s: names, shapes and dtypes."""
@@ -251,3 +278,31 @@ def keep_recorded_rounds(record: Path, done: int) -> list[int]:
     kept = [(x, r) for x, r in lines if r <= done]
     record.write_text("".join(x + "\n" for x, _ in kept))
     return [r for _, r in kept]
+
+
+def run_record(out_dir: Path, resumed_round: int | None) -> Path:
+    """The run's own aggregation record, ``out_dir/aggregations.jsonl``, made ready: removed
+    for a fresh run, cut to the checkpoint's rounds for a resume (the user's
+    ``FEDBALANCE_RECORD`` is theirs: it is only appended to)."""
+    path = (out_dir / "aggregations.jsonl").resolve()
+    if resumed_round is None:
+        path.unlink(missing_ok=True)
+    else:
+        keep_recorded_rounds(path, resumed_round)
+    return path
+
+
+@contextlib.contextmanager
+def recording_to(path: Path) -> Iterator[None]:
+    """Aggregations in this process (and the processes it starts) also go to ``path``."""
+    from fl_aggregators.record import RUN_ENV
+
+    before = os.environ.get(RUN_ENV)
+    os.environ[RUN_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(RUN_ENV, None)
+        else:
+            os.environ[RUN_ENV] = before

@@ -1,9 +1,13 @@
 """The aggregation audit log: one JSON line per aggregation when ``FEDBALANCE_RECORD`` is set.
 
 Every host adapter records through :func:`record`, so a user audits what ran the same way in
-FedLab, FedML or plain Python::
+FedLab, FedML, Flower or plain Python::
 
     FEDBALANCE_RECORD=/tmp/agg.jsonl fedbalance run config.yaml
+
+``fedbalance run`` also keeps the run's own copy, ``--out/aggregations.jsonl``, on every host
+(it sets ``FEDBALANCE_RUN_RECORD``, which its processes inherit): the user's file and the run's
+receive the same lines.
 
 Each line: ``{"host", "round", "aggregator", "clients", "num_samples", "metrics", "weights",
 "rejected"}`` plus aggregator-specific keys (e.g. Astraea's ``mediators``). Weights are the
@@ -20,6 +24,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 ENV = "FEDBALANCE_RECORD"
+#: The run directory's copy of the record, set by ``fedbalance run`` (not for users to set).
+RUN_ENV = "FEDBALANCE_RUN_RECORD"
 
 
 def _jsonable(value: Any) -> Any:
@@ -54,22 +60,32 @@ def check_target(path: str | None = None) -> None:
 _failed: set[str] = set()
 
 
+def targets() -> list[str]:
+    """Where records go: ``$FEDBALANCE_RECORD`` and the run's ``$FEDBALANCE_RUN_RECORD``."""
+    paths = [os.environ.get(ENV), os.environ.get(RUN_ENV)]
+    found = [p for p in paths if p]
+    if len(found) == 2 and os.path.abspath(found[0]) == os.path.abspath(found[1]):
+        return found[:1]
+    return found
+
+
 def record(entry: dict[str, Any], path: str | None = None) -> None:
-    """Append ``entry`` as one JSON line to ``path`` or ``$FEDBALANCE_RECORD`` (if set).
+    """Append ``entry`` as one JSON line to ``path``, or to each of :func:`targets`.
 
     A write that fails (a full disk) is logged once per path and the run goes on: the
     aggregation, the model and the host's checkpoint do not depend on the audit log.
     """
-    path = path or os.environ.get(ENV)
-    if not path:
+    paths = [path] if path else targets()
+    if not paths:
         return
     line = json.dumps(_jsonable(entry), allow_nan=False)
-    # One write call per line, opened in append mode: lines from several processes
-    # (FedLab cross-process, MPI ranks) do not interleave within a line.
-    try:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-    except OSError as e:
-        if path not in _failed:
-            _failed.add(path)
-            log.error("aggregation record not written to %s (%s); the run goes on", path, e)
+    for target in paths:
+        # One write call per line, opened in append mode: lines from several processes
+        # (FedLab cross-process, MPI ranks) do not interleave within a line.
+        try:
+            with open(target, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        except OSError as e:
+            if target not in _failed:
+                _failed.add(target)
+                log.error("aggregation record not written to %s (%s); the run goes on", target, e)

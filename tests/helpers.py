@@ -72,7 +72,8 @@ def images_npz(path: Path, channels: int = 3, size: int = 20, classes: int = 4) 
 
 def user_data_run(work: Path, framework: str) -> dict[str, Any]:
     """``fedbalance run`` of fedloss on :func:`images_npz` (3x20x20, 4 classes) with
-    ``framework``; its summary, after checking the checkpointed model is shaped for the data."""
+    ``framework`` and a user's ``FEDBALANCE_RECORD``; its summary, after checking the
+    checkpointed model is shaped for the data and the record is in both places."""
     import os
     import subprocess
     import sys
@@ -97,10 +98,15 @@ def user_data_run(work: Path, framework: str) -> dict[str, Any]:
     }
     (work / "run.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
+    env["FEDBALANCE_RECORD"] = str(work / "mine.jsonl")  # the user's own record
     argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"]
     done = subprocess.run(argv + ["--no-progress"], cwd=work, env=env, capture_output=True,
                           text=True, timeout=400)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    # Every host writes the run's record under --out, and the user's file gets the same lines.
+    lines = (work / "out" / "aggregations.jsonl").read_text().splitlines()
+    assert [json.loads(x)["round"] for x in lines] == [1, 2]
+    assert (work / "mine.jsonl").read_text().splitlines() == lines
     model = torch.load(work / "out" / "checkpoint.pt", weights_only=True)["model"]
     values = model.values() if isinstance(model, dict) else [model]
     expected = build_model("thesis_cnn", in_channels=3, num_classes=4, image_size=20)

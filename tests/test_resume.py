@@ -51,6 +51,9 @@ def stop_and_resume(cfg: RunConfig, out: Path, stop_after: int) -> Checkpoint:
     cfg.rounds = stop_after
     run_standalone(cfg, out, progress=False)
     assert Checkpoint.load(out / "checkpoint.pt").round == stop_after
+    # Killed between writing round stop_after + 1's record line and its checkpoint.
+    with open(out / "aggregations.jsonl", "a") as fh:
+        fh.write(json.dumps({"round": stop_after + 1, "weights": [1.0]}) + "\n")
     cfg.rounds = full_rounds
     run_standalone(cfg, out, progress=False, resume=True)
     return Checkpoint.load(out / "checkpoint.pt")
@@ -81,6 +84,18 @@ def test_resumed_run_ends_on_the_uninterrupted_model(
             assert value == other
     assert straight.participations == resumed.participations
     assert rows_without_time(tmp_path / "straight") == rows_without_time(tmp_path / "resumed")
+    # The run's aggregation record: the stray line cut, the resumed rounds written once.
+    records = {
+        run: [
+            (r["round"], r["weights"])
+            for r in map(
+                json.loads, (tmp_path / run / "aggregations.jsonl").read_text().splitlines()
+            )
+        ]
+        for run in ("straight", "resumed")
+    }
+    assert [r for r, _ in records["resumed"]] == [1, 2, 3, 4]
+    assert records["straight"] == records["resumed"]
 
 
 def test_a_finished_run_resumes_to_nothing_and_a_longer_one_continues(tmp_path: Path) -> None:
@@ -161,3 +176,30 @@ def test_resume_needs_the_metrics_the_run_wrote(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text(lines[1] + "\n")  # round 1 lost
     with pytest.raises(CheckpointError, match=r"does not hold rounds 1\.\.2"):
         run_standalone(config(rounds=3), tmp_path, progress=False, resume=True)
+
+
+@pytest.mark.parametrize(
+    ("writer", "reader"),
+    [("fedml", "fedlab"), ("flower", "fedlab"), ("fedlab", "fedml"), ("flower", "fedml")],
+)
+def test_a_checkpoint_of_another_host_is_refused_naming_both(
+    writer: str, reader: str, tmp_path: Path
+) -> None:
+    """Every checkpoint names its host; one written before that is told by its contents."""
+    from types import SimpleNamespace
+
+    from fl_adapters.fedml import checkpoint as fedml_checkpoint
+
+    model = torch.zeros(3) if writer == "fedlab" else {"w": torch.zeros(3)}
+    for host in (writer, None):  # named, then as an older checkpoint (told by its contents)
+        Checkpoint(
+            config={"host": "flower"} if writer == "flower" else {}, round=1, model=model,
+            aggregator={}, participations={}, host=host,
+        ).save(tmp_path / "checkpoint.pt")  # fmt: skip
+        labels = {"fedlab": "FedLab", "fedml": "FedML", "flower": "Flower"}
+        message = f"written by a {labels[writer]} run; this is a {labels[reader]} run"
+        with pytest.raises(CheckpointError, match=message):
+            if reader == "fedlab":
+                run_standalone(config(), tmp_path, progress=False, resume=True)
+            else:
+                fedml_checkpoint.load(SimpleNamespace(resume_from=str(tmp_path)))

@@ -27,7 +27,14 @@ import torch
 
 from fl_adapters._training import evaluate
 from fl_adapters.checkpoint import NAME as CHECKPOINT
-from fl_adapters.checkpoint import Checkpoint, CheckpointError, restore_sampler, sampler_state
+from fl_adapters.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    recording_to,
+    restore_sampler,
+    run_record,
+    sampler_state,
+)
 from fl_adapters.config import RunConfig, RunFailed
 from fl_adapters.experiment import (
     is_mediated,
@@ -42,6 +49,7 @@ from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
 from fl_aggregators import AggregationResult
 from fl_aggregators.astraea_plan import client_kl, mediator_kl
+from fl_aggregators.record import RUN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +223,7 @@ class MetricsWriter:
             participations=handler.participations,
             sampler=sampler_state(handler.rng),
             plan=planner.plan.as_dict() if planner is not None else None,
+            host="fedlab",
         ).save(self.checkpoint_path)
 
     def summary(self) -> dict[str, Any]:
@@ -270,6 +279,7 @@ def load_checkpoint(config: RunConfig, out_dir: Path) -> Checkpoint:
     """The checkpoint in ``out_dir``, checked against ``config``."""
     path = out_dir / CHECKPOINT
     ckpt = Checkpoint.load(path)
+    ckpt.check_host("fedlab", path)
     ckpt.check_config(config.to_dict(), path)
     return ckpt
 
@@ -347,7 +357,8 @@ def run_standalone(
         trainer.participations = dict(ckpt.participations)
         if isinstance(trainer, AstraeaSerialTrainer):
             trainer.rounds = ckpt.round
-    Pipeline(handler, trainer).main()
+    with recording_to(run_record(out_dir, ckpt.round if ckpt is not None else None)):
+        Pipeline(handler, trainer).main()
     return writer.summary()
 
 
@@ -498,8 +509,7 @@ def run_distributed(
     """
     check_processes(config, client_processes)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if resume:
-        load_checkpoint(config, out_dir)  # fail before starting any process
+    ckpt = load_checkpoint(config, out_dir) if resume else None  # before any process starts
     if config_path is None:
         import yaml
 
@@ -522,7 +532,8 @@ def run_distributed(
     if resume:
         server.append("--resume")
         client += ["--resume-from", str(out_dir / CHECKPOINT)]
-    procs = [subprocess.Popen(server, env=env)]
+    record = run_record(out_dir, ckpt.round if ckpt is not None else None)
+    procs = [subprocess.Popen(server, env={**env, RUN_ENV: str(record)})]  # it aggregates
     procs += [subprocess.Popen([*client, "--rank", str(r)], env=env) for r in range(1, world)]
     watch(procs, timeout, out_dir)
     return json.loads((out_dir / "summary.json").read_text())

@@ -101,8 +101,7 @@ def load(args: Any) -> Checkpoint:
     if path is None:
         raise CheckpointError("resume_from is not set")
     ckpt = Checkpoint.load(path)
-    if not isinstance(ckpt.model, dict):
-        raise CheckpointError(f"{path} was written by a FedLab run, not a FedML one")
+    ckpt.check_host("fedml", path)
     now = run_fields(args)
     differ = sorted(k for k in SAME if ckpt.config.get(k) != now.get(k))
     if differ:
@@ -144,6 +143,7 @@ def save(
         participations={},
         plan=plan,
         rng=rng,
+        host="fedml",
     ).save(path)
 
 

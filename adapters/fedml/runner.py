@@ -38,6 +38,7 @@ from fl_adapters.checkpoint import (
 from fl_adapters.config import RunConfig, RunFailed
 from fl_adapters.experiment import json_doc, json_line
 from fl_adapters.processes import stop, watch
+from fl_aggregators.record import ENV, RUN_ENV
 
 MODES = {
     "fedml-sp": ("simulation", "sp"),
@@ -130,8 +131,10 @@ def command(config: RunConfig, cfg_path: Path) -> list[str]:
         "--oversubscribe",
         "-np",
         str(config.clients_per_round + 1),
+        # The ranks record to the run's copy (set by run_fedml) and to the user's file, if any.
+        *(["-x", ENV] if ENV in os.environ else []),
         "-x",
-        "FEDBALANCE_RECORD",
+        RUN_ENV,
         *script,
     ]
 
@@ -167,7 +170,7 @@ def run_fedml(
     if not resume:
         for stale in (record, out_dir / "metrics.jsonl", out_dir / CHECKPOINT):
             stale.unlink(missing_ok=True)
-    env = {**os.environ, "FEDBALANCE_RECORD": str(record)}
+    env = {**os.environ, RUN_ENV: str(record)}  # the user's FEDBALANCE_RECORD gets it too
     if grpc:
         # Every rank on this machine: one torch thread each unless the user says otherwise
         # (FedLab's cross-process launcher does the same).

@@ -59,11 +59,7 @@ def load(
     before it starts Flower; the strategy then checks its own as well)."""
     path = checkpoint_file(where)
     ckpt = Checkpoint.load(path)
-    if ckpt.config.get("host") != HOST or not isinstance(ckpt.model, dict):
-        raise CheckpointError(
-            f"{path} was written by a {ckpt.config.get('host') or 'FedLab or FedML'} run, "
-            f"not by fedbalance's Flower strategy"
-        )
+    ckpt.check_host(HOST, path)
     keys = set(run) if partial else set(run) | set(ckpt.config)
     differ = sorted(k for k in keys if run.get(k) != ckpt.config.get(k))
     if differ:

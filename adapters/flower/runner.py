@@ -44,6 +44,7 @@ from fl_adapters.processes import (
     matching,
     stop,
 )
+from fl_aggregators.record import RUN_ENV
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +306,7 @@ def run_flower(
         for stale in (record, out_dir / NAME, out_dir / "metrics.jsonl"):
             stale.unlink(missing_ok=True)
         (out_dir / "app" / "summary.json").unlink(missing_ok=True)
-    env = {"FEDBALANCE_RECORD": str(record)}
+    env = {RUN_ENV: str(record)}  # the user's FEDBALANCE_RECORD, inherited, gets it too
     overrides = str(app_run_config(values, out_dir))
     if config.framework == "flower-deployment":
         try:

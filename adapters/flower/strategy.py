@@ -506,6 +506,7 @@ class FedBalanceStrategy(FedAvg):
             sampler=sampler_state(self.rng),
             plan=self.checkpoint_plan(),
             history={k: {str(r): m for r, m in v.items()} for k, v in self.history.items()},
+            host=HOST,
         ).save(self.checkpoint_path)
 
     def checkpoint_plan(self) -> dict[str, Any] | None:

@@ -97,7 +97,7 @@ def test_a_checkpoint_of_another_host_is_refused(tmp_path: Path) -> None:
         config={"dataset": "digits"}, round=1, model=torch.zeros(3), aggregator={},
         participations={},
     ).save(path)  # fmt: skip
-    with pytest.raises(CheckpointError, match="not by fedbalance's Flower strategy"):
+    with pytest.raises(CheckpointError, match="written by a FedLab run; this is a Flower run"):
         checkpoint.load(tmp_path, checkpoint.identity({}), rounds=3)
 
 
