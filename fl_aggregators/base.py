@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +95,8 @@ class Aggregator(ABC):
 
     def __init__(self) -> None:
         self.round = 0
+        #: When this aggregator was made (the host's server start): records carry the time since.
+        self._started = time.monotonic()
         #: Recycles this aggregator's earlier outputs once the host has let go of them.
         self._pool = OutputPool()
 
@@ -339,6 +342,7 @@ class Aggregator(ABC):
                 "weights": result.weights,
                 "rejected": [{"client": r.client, "reason": r.reason} for r in result.rejected],
                 "skipped": result.skipped,
+                "elapsed_s": round(time.monotonic() - self._started, 3),
                 **result.extra,
             }
         )

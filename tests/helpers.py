@@ -11,8 +11,14 @@ if TYPE_CHECKING:
 
 
 def records(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of a recorder file (empty when it does not exist)."""
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The JSON lines of a recorder or metrics file (empty when it does not exist), less their
+    wall time (``elapsed_s``), which no two runs share."""
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        line.pop("elapsed_s", None)
+    return lines
 
 
 def fedloss_weights(losses: list[float], clip: float = 5.0, peer: float = 1.0) -> list[float]:
@@ -107,6 +113,13 @@ def user_data_run(work: Path, framework: str) -> dict[str, Any]:
     lines = (work / "out" / "aggregations.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [1, 2]
     assert (work / "mine.jsonl").read_text().splitlines() == lines
+    # Per-round wall time in the metrics rows, on every host.
+    times = [
+        json.loads(x)["elapsed_s"]
+        for x in (work / "out" / "metrics.jsonl").read_text().split("\n")
+        if x
+    ]
+    assert len(times) == 2 and 0 <= times[0] <= times[1], times
     model = torch.load(work / "out" / "checkpoint.pt", weights_only=True)["model"]
     values = model.values() if isinstance(model, dict) else [model]
     expected = build_model("thesis_cnn", in_channels=3, num_classes=4, image_size=20)

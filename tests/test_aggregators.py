@@ -314,6 +314,7 @@ def test_recorder_appends_one_line_per_aggregation(tmp_path: Path, monkeypatch) 
         {"client": "x", "reason": "required metric 'val_loss' is missing"}
     ]
     assert sum(lines[1]["weights"]) == pytest.approx(1.0)
+    assert 0 <= first["elapsed_s"] <= lines[1]["elapsed_s"]  # since the aggregator was made
 
 
 def test_recorder_is_silent_without_the_variable(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -308,6 +308,8 @@ def collect_rows(config: RunConfig, out_dir: Path) -> list[dict[str, Any]]:
             row.update(mediators=agg["mediators"], mediator_kl=agg["kl"])
         if agg["round"] in acc:
             row["test_accuracy"] = acc[agg["round"]]
+        if "elapsed_s" in agg:  # wall time since the server's aggregator was made
+            row["elapsed_s"] = agg["elapsed_s"]
         rows.append(row)
     return rows
 

@@ -374,6 +374,8 @@ def collect(config: RunConfig, out_dir: Path, elapsed_s: float | None = None) ->
         metrics = evaluate.get(str(agg["round"]))
         if metrics is not None:
             row.update(test_accuracy=metrics["eval_acc"], test_loss=metrics["eval_loss"])
+        if "elapsed_s" in agg:  # wall time since the strategy's aggregator was made
+            row["elapsed_s"] = agg["elapsed_s"]
         rows.append(row)
     (out_dir / "metrics.jsonl").write_text("".join(json_line(r) for r in rows))
     from fl_adapters.experiment import run_summary

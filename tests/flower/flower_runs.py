@@ -75,12 +75,12 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 def outcome(out: Path) -> dict[str, Any]:
     """The final model, metrics rows, aggregation record (less wall times) and summary."""
-    record = lines(out / "aggregations.jsonl")
-    for entry in record:
+    record, rows = lines(out / "aggregations.jsonl"), lines(out / "metrics.jsonl")
+    for entry in record + rows:
         entry.pop("elapsed_s", None)  # wall time: not part of the result
     return {
         "model": torch.load(out / "app" / "final.pt"),
-        "rows": lines(out / "metrics.jsonl"),
+        "rows": rows,
         "record": record,
         "summary": json.loads((out / "app" / "summary.json").read_text()),
     }
