@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,26 +192,48 @@ class Checkpoint:
         """
         from fl_adapters.config import RunConfig
 
-        defaults = RunConfig().to_dict()
-        written = defaults | self.config
-        differ = sorted(
-            k
-            for k in set(config) | set(self.config)
-            if k not in MAY_CHANGE and config.get(k) != written.get(k)
-        )
-        if differ:
-            detail = "; ".join(
-                f"{k}: checkpoint {written.get(k)!r}, config {config.get(k)!r}" for k in differ
-            )
-            raise CheckpointError(
-                f"{path} was written by a different run config ({detail}); only "
-                f"{', '.join(MAY_CHANGE)} may change when resuming"
-            )
+        written = RunConfig().to_dict() | self.config
+        keys = (set(config) | set(self.config)) - set(MAY_CHANGE)
+        refuse_changes(path, written, config, keys, label="config", what="run config")
         if config.get("rounds", 0) < self.round:
             raise CheckpointError(
                 f"rounds must be at least the checkpoint's round ({self.round}) to resume, "
                 f"got {config.get('rounds')!r}"
             )
+
+
+def check_plan(written: dict[str, Any] | None, plan: dict[str, Any]) -> None:
+    """Refuse to resume an Astraea run whose plan (from the clients' label counts) is not the
+    one the checkpoint was written under (``written``; ``None``: it kept none)."""
+    if written is not None and written != plan:
+        raise CheckpointError(
+            "the Astraea plan from the clients' label counts differs from the checkpoint's: "
+            "the data or partition changed since it was written"
+        )
+
+
+def refuse_changes(
+    path: Path,
+    written: Mapping[str, Any],
+    current: Mapping[str, Any],
+    keys: Iterable[str],
+    *,
+    label: str = "now",
+    what: str = "run",
+    may_change: Iterable[str] = MAY_CHANGE,
+) -> None:
+    """Refuse to resume when a field in ``keys`` differs between the checkpoint's ``written``
+    values and this run's ``current`` ones, naming each and what may change (``may_change``,
+    in the host's own key names): every host says it the same way."""
+    differ = sorted(k for k in keys if current.get(k) != written.get(k))
+    if differ:
+        detail = "; ".join(
+            f"{k}: checkpoint {written.get(k)!r}, {label} {current.get(k)!r}" for k in differ
+        )
+        raise CheckpointError(
+            f"{path} was written by a different {what} ({detail}); only "
+            f"{', '.join(may_change)} may change when resuming"
+        )
 
 
 def _json(text: Any, field: str) -> Any:

@@ -203,3 +203,14 @@ def test_a_checkpoint_of_another_host_is_refused_naming_both(
                 run_standalone(config(), tmp_path, progress=False, resume=True)
             else:
                 fedml_checkpoint.load(SimpleNamespace(resume_from=str(tmp_path)))
+
+
+def test_an_astraea_plan_other_than_the_checkpoints_is_refused() -> None:
+    """Every host resumes Astraea only under the plan its checkpoint was written with."""
+    from fl_adapters.checkpoint import check_plan
+
+    plan = {"rad": [1.0, 2.5], "augment": [1], "downsample": []}
+    check_plan(None, plan)  # a checkpoint that kept no plan
+    check_plan(dict(plan), plan)
+    with pytest.raises(CheckpointError, match="differs from the checkpoint's: the data or"):
+        check_plan(plan | {"rad": [1.0, 2.4]}, plan)

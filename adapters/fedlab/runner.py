@@ -30,6 +30,7 @@ from fl_adapters.checkpoint import NAME as CHECKPOINT
 from fl_adapters.checkpoint import (
     Checkpoint,
     CheckpointError,
+    check_plan,
     recording_to,
     restore_sampler,
     run_record,
@@ -298,11 +299,8 @@ def restore(handler: FedBalanceServerHandler, ckpt: Checkpoint) -> None:
         )
     ckpt.check_model(expected, Path("checkpoint.pt"))
     planner = getattr(handler, "planner", None)
-    if planner is not None and planner.plan.as_dict() != ckpt.plan:
-        raise CheckpointError(
-            "the Astraea plan from the clients' label counts differs from the checkpoint's: "
-            "the data or partition changed since it was written"
-        )
+    if planner is not None:
+        check_plan(ckpt.plan, planner.plan.as_dict())
     SerializationTool.deserialize_model(handler.model, ckpt.model)
     handler.round = ckpt.round
     handler.aggregator.load_state_dict(ckpt.aggregator)

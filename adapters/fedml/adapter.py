@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, Subset
 
 from fl_adapters._training import evaluate, stream_seed
 from fl_adapters.autoload import PATCHES
+from fl_adapters.checkpoint import check_plan
 from fl_adapters.fedml.payload import attach, strip
 from fl_aggregators import Aggregator, ClientUpdate
 
@@ -414,7 +415,7 @@ def _sp_sampling(self: Any, original: Any, round_idx: Any, *a: Any, **kw: Any) -
 
         STATE["astraea"] = SpAstraea(self, agg, STATE["seed"])
         if ckpt is not None:
-            checkpoint.check_plan(ckpt, STATE["astraea"].planner.plan.as_dict())
+            check_plan(ckpt.plan, STATE["astraea"].planner.plan.as_dict())
     return STATE["astraea"].sample(sampled)
 
 
@@ -574,7 +575,7 @@ def _resume_server(manager: Any) -> None:
     ckpt = checkpoint.load(manager.args)
     astraea = _silo_astraea(manager)
     if astraea is not None:
-        checkpoint.check_plan(ckpt, astraea.planner.plan.as_dict())
+        check_plan(ckpt.plan, astraea.planner.plan.as_dict())
     ckpt.check_model(
         clean_params(manager.aggregator.get_global_model_params()),
         checkpoint.resume_path(manager.args),

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError
+from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, refuse_changes
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +102,7 @@ def load(args: Any) -> Checkpoint:
         raise CheckpointError("resume_from is not set")
     ckpt = Checkpoint.load(path)
     ckpt.check_host("fedml", path)
-    now = run_fields(args)
-    differ = sorted(k for k in SAME if ckpt.config.get(k) != now.get(k))
-    if differ:
-        detail = "; ".join(
-            f"{k}: checkpoint {ckpt.config.get(k)!r}, now {now[k]!r}" for k in differ
-        )
-        raise CheckpointError(
-            f"{path} was written by a different run ({detail}); only "
-            f"{', '.join(MAY_CHANGE)} may change when resuming"
-        )
+    refuse_changes(path, ckpt.config, run_fields(args), SAME, may_change=MAY_CHANGE)
     rounds = int(getattr(args, "comm_round", 0))
     if rounds < ckpt.round:
         raise CheckpointError(
@@ -145,14 +136,6 @@ def save(
         rng=rng,
         host="fedml",
     ).save(path)
-
-
-def check_plan(ckpt: Checkpoint, plan: dict[str, Any]) -> None:
-    if ckpt.plan is not None and ckpt.plan != plan:
-        raise CheckpointError(
-            "the Astraea plan from the clients' label counts differs from the checkpoint's: "
-            "the data or partition changed since it was written"
-        )
 
 
 # -- sp: the process's RNG states, taken and restored at the start of a round -----------------

@@ -50,7 +50,7 @@ from fl_adapters.astraea import (
     label_counts,
     rebalance_client,
 )
-from fl_adapters.checkpoint import Checkpoint, CheckpointError
+from fl_adapters.checkpoint import Checkpoint, check_plan
 from fl_adapters.flower.payload import (
     CLIENT_ID,
     METRICS,
@@ -156,11 +156,7 @@ class AstraeaStrategy(FedBalanceStrategy):
         Flower's loop goes straight to :meth:`aggregate_train` with the mediators' models."""
         if self.planner is None:
             self.planner = self.plan(grid, sorted(grid.get_node_ids()), config)
-            if self.resumed_plan is not None and self.planner.plan.as_dict() != self.resumed_plan:
-                raise CheckpointError(
-                    "the Astraea plan from the clients' label counts differs from the "
-                    "checkpoint's: the data or partition changed since it was written"
-                )
+            check_plan(self.resumed_plan, self.planner.plan.as_dict())
         nodes = self.sample(grid, self.fraction_train, self.min_train_nodes)
         node_of = {client: node for node, client in self.client_ids.items()}
         self.round_mediators = self.planner.mediators([self.client_ids[n] for n in nodes])

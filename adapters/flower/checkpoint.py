@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError
+from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, refuse_changes
 from fl_adapters.flower.config import CHECKPOINT_KEY, RESUME_KEY, WHERE
 
 HOST = "flower"
@@ -61,15 +61,7 @@ def load(
     ckpt = Checkpoint.load(path)
     ckpt.check_host(HOST, path)
     keys = set(run) if partial else set(run) | set(ckpt.config)
-    differ = sorted(k for k in keys if run.get(k) != ckpt.config.get(k))
-    if differ:
-        detail = "; ".join(
-            f"{k}: checkpoint {ckpt.config.get(k)!r}, now {run.get(k)!r}" for k in differ
-        )
-        raise CheckpointError(
-            f"{path} was written by a different run ({detail}); only {', '.join(MAY_CHANGE)} "
-            f"may change when resuming"
-        )
+    refuse_changes(path, ckpt.config, run, keys, may_change=MAY_CHANGE)
     if rounds < ckpt.round:
         raise CheckpointError(
             f"{WHERE} {ROUNDS_KEY} must be at least the checkpoint's round ({ckpt.round}) to "
