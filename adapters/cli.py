@@ -307,6 +307,7 @@ def plan_of_run(config: RunConfig) -> dict[str, Any]:
     by the hosts' sampler (:func:`~fl_adapters.sampling.sample_round`) and grouped."""
     import numpy as np
 
+    from fedbalance_benchmarks.datasets import image_spec
     from fl_adapters.astraea import AstraeaPlanner, label_counts
     from fl_adapters.experiment import is_mediated, training_data
     from fl_adapters.sampling import sample_round
@@ -317,7 +318,7 @@ def plan_of_run(config: RunConfig) -> dict[str, Any]:
         )
     aggregator = get_registry().make_aggregator(config.aggregator, **config.aggregator_args)
     _, labels, partition = training_data(config)
-    classes = int(labels.max()) + 1
+    classes = image_spec(config.dataset, config.data_dir)[2]  # the hosts count over these
     counts = np.stack([label_counts(labels[s["train"]], classes) for s in partition.splits])
     planner = AstraeaPlanner(counts, aggregator)
     clients = sample_round(random.Random(config.seed), config.num_clients, config.clients_per_round)

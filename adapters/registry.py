@@ -35,7 +35,7 @@ GROUP = "fedbalance"
 DISTRIBUTION = "fedbalance"
 DISABLE_ENV = "FEDBALANCE_DISABLE_PLUGIN_AUTOLOAD"
 KINDS = ("aggregators", "partitioners")
-#: The built-ins' plugin name (no entry point can take it: see :func:`_entry_points`).
+#: The built-ins' plugin name (an entry-point name holds no ":", so no plugin can take it).
 BUILTIN = "fedbalance:builtin"
 HOOKS = tuple(f"fedbalance_{kind}" for kind in KINDS)
 
@@ -86,7 +86,7 @@ def _entry_points() -> list[tuple[str, Any]]:
         found += [(name, ep) for ep in dist.entry_points if ep.group == GROUP]
     found.sort(key=lambda item: item[1].name)
     for (d1, ep1), (d2, ep2) in zip(found, found[1:], strict=False):
-        if ep1.name == ep2.name or ep1.name == BUILTIN:
+        if ep1.name == ep2.name:  # pluggy would load the first and skip the other unsaid
             raise DuplicatePluginError(
                 f"fedbalance plugin name {ep1.name!r} is claimed by {d1} ({ep1.value}) and "
                 f"{d2} ({ep2.value}); uninstall one of them"

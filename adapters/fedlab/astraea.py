@@ -304,10 +304,13 @@ class RebalancedData:
         self.num = data.num
         self.rad: np.ndarray | None = None
         self._train: dict[int, TensorData] = {}
+        #: Label counts of each client's rebalanced data built so far (what it trains on).
+        self.trained_counts: dict[int, np.ndarray] = {}
 
     def set_rad(self, rad: np.ndarray) -> None:
         if self.rad is not None and not np.array_equal(self.rad, rad):
             self._train.clear()  # a new plan: rebalance again
+            self.trained_counts.clear()
         self.rad = rad
 
     def get_dataset(self, id: int, type: str = "train") -> Any:
@@ -315,12 +318,10 @@ class RebalancedData:
             return self.data.get_dataset(id, type)
         if id not in self._train:
             x, y = dataset_tensors(self.data.get_dataset(id, "train"))
-            self._train[id] = TensorData(*rebalance_client(x, y, self.rad, self.seed, id))
+            x, y = rebalance_client(x, y, self.rad, self.seed, id)
+            self._train[id] = TensorData(x, y)
+            self.trained_counts[id] = label_counts(y, len(self.rad))
         return self._train[id]
-
-    def trained_counts(self, num_classes: int) -> dict[int, np.ndarray]:
-        """Label counts of each client's rebalanced data built so far (what it trains on)."""
-        return {c: label_counts(d.y, num_classes) for c, d in self._train.items()}
 
 
 class TensorData(torch.utils.data.TensorDataset):

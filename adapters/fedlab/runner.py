@@ -206,11 +206,9 @@ class MetricsWriter:
 
     def _trained_counts(self) -> dict[int, np.ndarray]:
         """Standalone Astraea: the label counts of each client's data as it trains on it (its
-        rebalanced data, built the first time the client trains)."""
+        rebalanced data, counted once, when first built)."""
         rebalanced = getattr(self.trainer, "rebalanced", None)
-        if rebalanced is None or self.astraea is None:
-            return {}
-        return dict(rebalanced.trained_counts(self.exp.num_classes))
+        return rebalanced.trained_counts if rebalanced is not None else {}
 
     def save_checkpoint(self, handler: FedBalanceServerHandler) -> None:
         from fedlab.utils import SerializationTool
@@ -289,15 +287,8 @@ def restore(handler: FedBalanceServerHandler, ckpt: Checkpoint) -> None:
     """Put ``handler`` (model, round, aggregator state, sampler) where ``ckpt`` left it."""
     from fedlab.utils import SerializationTool
 
-    expected = SerializationTool.serialize_model(handler.model)
-    if not isinstance(ckpt.model, torch.Tensor):
-        raise CheckpointError("the checkpoint holds a FedML state dict, not a FedLab run's model")
-    if ckpt.model.shape != expected.shape:
-        raise CheckpointError(
-            f"the checkpoint's model has {ckpt.model.numel()} parameters, this run's "
-            f"{expected.numel()}"
-        )
-    ckpt.check_model(expected, Path("checkpoint.pt"))
+    # load_checkpoint has refused another host's; check_model refuses another shape or dtype.
+    ckpt.check_model(SerializationTool.serialize_model(handler.model), Path("checkpoint.pt"))
     planner = getattr(handler, "planner", None)
     if planner is not None:
         check_plan(ckpt.plan, planner.plan.as_dict())
