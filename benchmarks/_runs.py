@@ -95,9 +95,10 @@ def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def mean_std(values: list[float]) -> str:
-    """``mean ± std`` of fractions, in percent; the sample std (n - 1)."""
+def mean_std(values: list[float], scale: float = 100.0, digits: int = 2, sign: str = "") -> str:
+    """``mean ± std`` of fractions, in percent (``scale``); the sample std (n - 1).
+    ``sign="+"`` writes differences signed."""
     if not values:
         return "-"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.mean(values):.2f} ± {100 * sd:.2f}"
+    return f"{scale * statistics.mean(values):{sign}.{digits}f} ± {scale * sd:.{digits}f}"

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbalance_benchmarks._runs import (
+    mean_std,
     output_dirs,
     read_metrics,
     run_jobs,
@@ -254,14 +255,6 @@ def plateau(rec: dict[str, Any], width: int = 20) -> float:
     return statistics.mean(acc[-width:]) - statistics.mean(acc[-2 * width : -width])
 
 
-def _spread(values: list[float], scale: float = 100.0, digits: int = 2, sign: str = "") -> str:
-    """``mean ± sample std`` of ``values`` x ``scale`` (``sign="+"``: differences, signed)."""
-    if not values:
-        return "-"
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{scale * statistics.mean(values):{sign}.{digits}f} ± {scale * sd:.{digits}f}"
-
-
 def accuracy_table(by: dict[str, list[dict[str, Any]]], opts: dict[str, Any]) -> str:
     from fl_adapters._table import markdown_table
 
@@ -285,10 +278,10 @@ def accuracy_table(by: dict[str, list[dict[str, Any]]], opts: dict[str, Any]) ->
                 f"{per} x E{epochs}"
                 + (f" x Em{args['mediator_epochs']}" if "gamma" in args else ""),
                 f"{per_round:,.0f}",
-                _spread([max(r["accuracy"]) for r in rs]),
-                _spread([final(r) for r in rs]),
-                *(_spread([r["accuracy"][c - 1] for r in rs]) for c in checkpoints),
-                _spread([accuracy_at_passes(r, budget) for r in rs]),
+                mean_std([max(r["accuracy"]) for r in rs]),
+                mean_std([final(r) for r in rs]),
+                *(mean_std([r["accuracy"][c - 1] for r in rs]) for c in checkpoints),
+                mean_std([accuracy_at_passes(r, budget) for r in rs]),
                 (
                     f"{statistics.mean(reached):.0f} ({len(reached)}/{len(rs)})"
                     if reached
@@ -341,8 +334,8 @@ def rebalancing_table(by: dict[str, list[dict[str, Any]]]) -> str:
                 f"{args['tau_d']}",
                 str(plan["augment"]),
                 str(plan["downsample"]),
-                _spread([a["expected"] for a in added], digits=1) if added else "0",
-                _spread([a["trained"] for a in added], digits=1) if added else "0",
+                mean_std([a["expected"] for a in added], digits=1) if added else "0",
+                mean_std([a["trained"] for a in added], digits=1) if added else "0",
                 kl("client_kl_before"),
                 kl("client_kl_after"),
                 kl("client_kl_after_trained"),
@@ -384,12 +377,12 @@ def paper_table(by: dict[str, list[dict[str, Any]]]) -> str:
             for r in by[v]
             if r["config"]["seed"] in seeds
         ]
-        return f"{_spread(diffs, sign='+')} best, {_spread(finals, sign='+')} final"
+        return f"{mean_std(diffs, sign='+')} best, {mean_std(finals, sign='+')} final"
 
     em = "-"
     if "astraea" in by and "astraea Em=1" in by:
         pairs = {r["config"]["seed"]: r for r in by["astraea Em=1"]}
-        em = _spread(
+        em = mean_std(
             [max(r["accuracy"]) - max(pairs[r["config"]["seed"]]["accuracy"]) for r in by["astraea"]
              if r["config"]["seed"] in pairs], sign="+"
         ) + " best, at equal rounds (Em 1 does half the work)"  # fmt: skip
@@ -405,8 +398,8 @@ def paper_table(by: dict[str, list[dict[str, Any]]]) -> str:
     paper_rule = "astraea, paper's augmentation"
     if paper_rule in by and "astraea" in by:
         storage = (
-            f"{_spread([r['data_added']['trained'] for r in by[paper_rule]], digits=1)} with the"
-            f" paper's formula, {_spread([r['data_added']['trained'] for r in by['astraea']], digits=1)}"
+            f"{mean_std([r['data_added']['trained'] for r in by[paper_rule]], digits=1)} with the"
+            f" paper's formula, {mean_std([r['data_added']['trained'] for r in by['astraea']], digits=1)}"
             " with the bounded one (as built)"
         )
     rows = [
