@@ -135,7 +135,11 @@ def test_a_fedlab_run_refuses_a_fedml_checkpoint(tmp_path: Path) -> None:
     ckpt = Checkpoint(
         config={}, round=1, model={"w": torch.zeros(1)}, aggregator={}, participations={}
     )
-    with pytest.raises(CheckpointError, match="FedML state dict"):
+    # Loading names the host that wrote it (told from the state dict for unnamed checkpoints).
+    with pytest.raises(CheckpointError, match="written by a FedML run; this is a FedLab run"):
+        ckpt.check_host("fedlab", tmp_path / "checkpoint.pt")
+    # A restore handed one anyway refuses its model rather than loading it.
+    with pytest.raises(CheckpointError, match=r"state dict of 1 tensors\) is not this run's"):
         restore(SimpleNamespace(model=torch.nn.Linear(1, 1)), ckpt)  # type: ignore[arg-type]
 
 
