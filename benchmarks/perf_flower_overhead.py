@@ -69,13 +69,31 @@ def round_seconds(clients: int, rounds: int, local_epochs: int) -> float:
     ]
     env = {k: v for k, v in os.environ.items() if k != "FEDBALANCE_RECORD"}
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
-    found = re.search(r"Strategy execution finished in ([0-9.]+)s", out.stdout + out.stderr)
-    if out.returncode != 0 or found is None:
+    if out.returncode != 0:
         raise RuntimeError(f"the Flower simulation failed: {(out.stdout + out.stderr)[-2000:]}")
+    return seconds_per_round(out.stdout + out.stderr, rounds)
+
+
+def seconds_per_round(log: str, rounds: int) -> float:
+    """Seconds per round of a Flower run, from its "Strategy execution finished" log line."""
+    found = re.search(r"Strategy execution finished in ([0-9.]+)s", log)
+    if found is None:
+        raise RuntimeError(
+            f"no 'Strategy execution finished' line in the Flower log: {log[-2000:]}"
+        )
     return float(found.group(1)) / rounds
 
 
-def run(repeats: int, rounds: int, local_epochs: int, clients: int, out_dir: Path) -> str:
+def run(
+    repeats: int,
+    rounds: int,
+    local_epochs: int,
+    clients: int,
+    out_dir: Path,
+    round_s: float | None = None,
+) -> str:
+    """Time the server paths and write the report; ``round_s`` (seconds per round of a Flower
+    run measured elsewhere) spares the simulation that would measure it."""
     from flwr.serverapp.strategy import FedAvg
 
     from fl_adapters.flower.payload import to_state_dict
@@ -96,7 +114,8 @@ def run(repeats: int, rounds: int, local_epochs: int, clients: int, out_dir: Pat
             s.aggregate_train(1, msgs)
 
         t_ours[name] = median_time(one_round, repeats)
-    round_s = round_seconds(clients, rounds, local_epochs)
+    if round_s is None:
+        round_s = round_seconds(clients, rounds, local_epochs)
     header = (
         "# fedbalance on Flower 1.41: per-round server overhead\n\n"
         f"Thesis CNN, {clients} train replies (Flower `Message`s), median of {repeats} "
