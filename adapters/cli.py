@@ -394,7 +394,9 @@ def non_negative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fedbalance", description="Bias-mitigation plugins for FedLab and FedML.")
+    parser = _Parser(
+        prog="fedbalance", description="Bias-mitigation plugins for FedLab, FedML and Flower."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 

@@ -66,7 +66,7 @@ from fedbalance_benchmarks._flower_agg import (
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FLOWER_SCRIPT = Path(__file__).resolve().parent / "_flower_agg.py"
-#: flwr 1.42 wants a certifi newer than this project's registry serves (see DESIGN.md).
+#: flwr 1.42 wants a certifi newer than this project's package registry serves.
 FLOWER_SPEC = "flwr<1.42"
 SEED = 0
 
