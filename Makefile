@@ -7,7 +7,8 @@ PY      := $(VENV)/bin/python
 # torch/torchvision are served from this project's machines' local disk at these versions;
 # override on other machines, e.g. `make TORCH_SPEC='torch torchvision' test`.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
-APT_PACKAGES := openmpi-bin libopenmpi-dev dataset-fashion-mnist
+# chromium + chromium-driver: the docs site's browser test (tests/docs_site).
+APT_PACKAGES := openmpi-bin libopenmpi-dev dataset-fashion-mnist chromium chromium-driver
 PYTEST_ARGS ?=
 # Test processes: many tests wait on the processes they start, so two workers on two cores
 # finish well before one. TEST_WORKERS=0 runs in one process.
@@ -16,8 +17,13 @@ TEST_WORKERS ?= 2
 # tests (tests/flower) run in a second venv. torch is hard-linked from $(VENV) (tests/stacks.py).
 FLOWER_VENV ?= .venv-flower
 FLOWER_PY   := $(FLOWER_VENV)/bin/python
+# The documentation's own environment: MkDocs (Material), mkdocstrings (reads the source, imports
+# nothing), Selenium for the browser test. Pinned so `make docs` builds the same site everywhere.
+DOCS_VENV ?= .venv-docs
+DOCS_SPEC := mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 mkdocstrings-python==2.0.11 \
+	mkdocs-autorefs==1.4.5 pymdown-extensions==13.1.2 griffelib==2.4.1 selenium==4.51.0 pytest==9.2.0 pytest-timeout==2.4.0
 
-.PHONY: setup setup-flower system-deps demo test test-flower test-fast fuzz lint bench-perf clean
+.PHONY: setup setup-flower system-deps demo test test-flower test-docs docs test-fast fuzz lint bench-perf clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -47,15 +53,31 @@ $(FLOWER_VENV)/.installed: pyproject.toml tests/stacks.py $(VENV)/.installed
 	$(FLOWER_PY) -m pip install -q --disable-pip-version-check -e ".[flower,bench,dev]"
 	touch $@
 
+$(DOCS_VENV)/.installed: Makefile
+	test -x $(DOCS_VENV)/bin/python || python3 -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install -q --disable-pip-version-check $(DOCS_SPEC)
+	touch $@
+
+# The site, strict: a broken link, anchor, include or API reference fails the build. The
+# partitioners' pictures are drawn from the code first (main environment).
+docs: setup $(DOCS_VENV)/.installed
+	$(PY) -m fedbalance_benchmarks.docs_pictures build/docs-pictures
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
+
+# The built site in headless Chromium (tests/docs_site); the README's and pages' runnable
+# blocks are tests of the main suite (tests/test_docs.py).
+test-docs: docs
+	$(DOCS_VENV)/bin/python -m pytest tests/docs_site --confcutdir=tests/docs_site -p no:cacheprovider $(PYTEST_ARGS)
+
 demo: setup
 	$(VENV)/bin/fedbalance demo --out runs/demo
 
 lint: setup
-	$(PY) -m ruff check fl_aggregators fl_partitions adapters benchmarks tests
-	$(PY) -m ruff format --check fl_aggregators fl_partitions adapters benchmarks tests
+	$(PY) -m ruff check fl_aggregators fl_partitions adapters benchmarks tests docs/hooks.py
+	$(PY) -m ruff format --check fl_aggregators fl_partitions adapters benchmarks tests docs/hooks.py
 	$(PY) -m mypy
 
-# The main suite and the Flower suite run side by side: most of both is waiting on the processes
+# The main suite and the Flower suite (after the docs) run side by side: most of both is waiting on the processes
 # they start (FedML ranks, SuperLink and SuperNodes, Ray), so together they finish sooner than one
 # after the other. Flower's environment is built in the Flower lane, so the main suite (the longer
 # one) starts as soon as $(VENV) is ready. The Flower lane's output goes to .flower-tests.log,
@@ -65,11 +87,11 @@ lint: setup
 # out now takes half of the other's queue.
 test: lint
 	@rm -f .flower-tests.rc; \
-	( $(MAKE) --no-print-directory test-flower > .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
+	( $(MAKE) --no-print-directory test-docs test-flower > .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS); main=$$?; \
-	wait; echo "---- Flower suite (in $(FLOWER_VENV); log: .flower-tests.log) ----"; \
+	wait; echo "---- docs and Flower suite (in $(DOCS_VENV), $(FLOWER_VENV); log: .flower-tests.log) ----"; \
 	cat .flower-tests.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \
-	echo "make test: main suite exit $$main, Flower suite exit $$flower"; \
+	echo "make test: main suite exit $$main, docs and Flower suite exit $$flower"; \
 	[ $$main -eq 0 ] && [ $$flower -eq 0 ]
 
 # The Flower tests, in Flower's environment (the main suite skips tests/flower: no flwr there).
@@ -92,4 +114,4 @@ bench-perf: setup
 	$(VENV)/bin/fedbalance bench perf-partition
 
 clean:
-	rm -rf $(VENV) $(FLOWER_VENV) .venv-stacks runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(FLOWER_VENV) $(DOCS_VENV) .venv-stacks runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -600,17 +600,9 @@ def verdict_table(report_md: str) -> str:
     return "\n".join(lines[start:end])
 
 
-#: The lead-in of the report's default-vs-thesis-rule paragraph.
-DEFAULT_LEAD = "FedLoss with the library's default bounds (fedloss-default"
-
-
 def readme_block(report_md: str) -> str:
-    """What the README shows of a report: the verdict table, then the library default against
-    the thesis's rule (its lead-in, table and decision) when the report has it."""
-    if DEFAULT_LEAD not in report_md:
-        return verdict_table(report_md)
-    default = report_md[report_md.index(DEFAULT_LEAD) :].split("\n\n")[:3]
-    return "\n\n".join([verdict_table(report_md), *default])
+    """What the README shows of a report: its verdict table (the rest is in the report)."""
+    return verdict_table(report_md)
 
 
 BEGIN, END = "<!-- thesis-claims -->\n", "<!-- /thesis-claims -->"

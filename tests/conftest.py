@@ -22,7 +22,10 @@ from hypothesis import is_hypothesis_test, settings
 # examples, keeping what it finds in .hypothesis/ (pin each find with @example).
 # tests/flower runs in Flower's own environment (`make test-flower`): flwr needs protobuf>=5 and
 # cannot be installed beside FedML, so without flwr those tests are not collected at all.
+# tests/docs_site opens the built site in a browser from the docs environment (`make test-docs`).
 collect_ignore = [] if importlib.util.find_spec("flwr") is not None else ["flower"]
+if importlib.util.find_spec("selenium") is None:
+    collect_ignore.append("docs_site")
 
 settings.register_profile("test", derandomize=True, database=None, print_blob=True)
 settings.register_profile("fuzz", derandomize=False, print_blob=True)

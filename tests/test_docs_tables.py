@@ -1,4 +1,4 @@
-"""The README's parameter tables say what the code does: names, defaults and upper limits.
+"""The documentation's parameter tables say what the code does: names, defaults and upper limits.
 
 Each row's parameter cell lists ``name=default`` (or a bare ``name`` where the default is not
 a scalar) in backticks, optionally followed by the allowed range in parentheses. Every
@@ -23,10 +23,10 @@ from fl_partitions import BUILTIN_PARTITIONERS
 from fl_partitions._limits import MAX_CLASSES, MAX_TRIES
 from fl_partitions.base import KINDS
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 #: Constructor arguments that are plumbing, not settings (mixed's spec resolver).
 INTERNAL = {"resolve"}
-#: Every ceiling in the code, by (plugin, parameter): the numbers its README note must state.
+#: Every ceiling in the code, by (plugin, parameter): the numbers its docs note must state.
 LIMITS: dict[tuple[str, str], tuple[float, ...]] = {
     ("label_dirichlet", "max_tries"): (MAX_TRIES,),
     ("quantity_dirichlet", "max_tries"): (MAX_TRIES,),
@@ -42,12 +42,12 @@ TOKEN = re.compile(r"`([a-z_]+)(?:=([^`]*))?`(?:\s*\(([^)]*)\))?")
 
 def table(section: str) -> dict[str, list[tuple[str, str | None, str | None]]]:
     """``{plugin name: [(parameter, default text or None, limit note or None)]}`` of the first
-    table under ``## section``."""
-    text = README.read_text()
-    start = text.index(f"\n## {section}\n")
+    table of the docs page ``section`` (``aggregators``, ``partitioners``)."""
+    text = (DOCS / f"{section}.md").read_text()
+    start = text.index("\n|")
     rows: dict[str, list[tuple[str, str | None, str | None]]] = {}
     in_table = False
-    for line in text[start:].splitlines()[2:]:
+    for line in text[start:].splitlines()[1:]:
         if not line.startswith("|"):
             if in_table:
                 break
@@ -75,8 +75,8 @@ def numbers(text: str) -> set[float]:
 
 
 SECTIONS = [
-    ("Partitioners", {cls.name: cls for cls in BUILTIN_PARTITIONERS}),
-    ("Aggregators", {cls.name: cls for cls in BUILTIN_AGGREGATORS}),
+    ("partitioners", {cls.name: cls for cls in BUILTIN_PARTITIONERS}),
+    ("aggregators", {cls.name: cls for cls in BUILTIN_AGGREGATORS}),
 ]
 
 
@@ -93,10 +93,12 @@ CASES = [
 
 
 @pytest.mark.parametrize(("section", "name", "cls"), CASES, ids=[c[1] for c in CASES])
-def test_readme_defaults_are_the_constructor_defaults(section: str, name: str, cls: type) -> None:
+def test_documented_defaults_are_the_constructor_defaults(
+    section: str, name: str, cls: type
+) -> None:
     listed = table(section)[name]
     real = keyword_defaults(cls)
-    assert [p for p, _, _ in listed] == list(real), f"{name}: README lists other parameters"
+    assert [p for p, _, _ in listed] == list(real), f"{name}: the docs list other parameters"
     for param, shown, _ in listed:
         if shown is None:  # a bare name: the default is not a scalar (mixed's components)
             assert not isinstance(real[param], (int, float, str, bool, type(None))), param
@@ -104,15 +106,15 @@ def test_readme_defaults_are_the_constructor_defaults(section: str, name: str, c
         value = yaml.safe_load(shown)
         same_kind = isinstance(value, bool) == isinstance(real[param], bool)
         assert value == real[param] and same_kind, (
-            f"README says {name}: {param}={shown}, the code's default is {real[param]!r}"
+            f"the docs say {name}: {param}={shown}, the code's default is {real[param]!r}"
         )
 
 
 @pytest.mark.parametrize(
     ("plugin", "param", "limit"), [(p, q, lim) for (p, q), lim in LIMITS.items()], ids=str
 )
-def test_readme_states_every_upper_limit(plugin: str, param: str, limit: tuple[float, ...]) -> None:
-    section = "Aggregators" if plugin in {c.name for c in BUILTIN_AGGREGATORS} else "Partitioners"
+def test_docs_state_every_upper_limit(plugin: str, param: str, limit: tuple[float, ...]) -> None:
+    section = "aggregators" if plugin in {c.name for c in BUILTIN_AGGREGATORS} else "partitioners"
     notes = {p: n for p, _, n in table(section)[plugin]}
-    assert notes.get(param), f"README states no range for {plugin}: {param}"
+    assert notes.get(param), f"the docs state no range for {plugin}: {param}"
     assert set(map(float, limit)) <= numbers(notes[param] or ""), (plugin, param, notes[param])

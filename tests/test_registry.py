@@ -305,13 +305,13 @@ def _module(path: Path, name: str) -> types.ModuleType:
     return module
 
 
-def test_the_readmes_plugin_example_is_this_tested_plugin(with_entry_points) -> None:  # type: ignore[no-untyped-def]
-    """The README shows ``tests/plugins/example_plugin.py`` verbatim; installed under an entry
-    point it adds an aggregator and a partitioner that work."""
+def test_the_docs_plugin_example_is_this_tested_plugin(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    """The plugin page includes ``tests/plugins/example_plugin.py`` itself; installed under an
+    entry point it adds an aggregator and a partitioner that work."""
     from fl_aggregators import ClientUpdate
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert EXAMPLE.read_text() in readme
+    page = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text()
+    assert '--8<-- "tests/plugins/example_plugin.py"' in page
     plugin = _module(EXAMPLE, "fb_example")
     with_entry_points(FakeEntryPoint("example", "fb_example", FakeDist("fb-example"), plugin))
     registry = Registry()

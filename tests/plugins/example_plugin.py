@@ -1,4 +1,4 @@
-"""A fedbalance plugin: one aggregator and one partitioner (the README's example)."""
+"""A fedbalance plugin: one aggregator and one partitioner (the plugin page's example)."""
 
 import numpy as np
 import torch
