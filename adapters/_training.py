@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from fl_partitions.params import ParameterError
+
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -30,7 +32,7 @@ def make_optimizer(
         return torch.optim.Adam(params, lr=lr)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum)
-    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    raise ParameterError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
 def batches(

@@ -52,6 +52,7 @@ from fl_aggregators.astraea_plan import (
     mediator_kl,
     plan_rebalance,
 )
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ def rebalance(
     if len(y) == 0:
         return x, y
     if int(y.max()) >= len(ratios) or int(y.min()) < 0:
-        raise ValueError(
+        raise ParameterError(
             f"labels must lie in [0, {len(ratios)}), got [{int(y.min())}, {int(y.max())}]"
         )
     gen = torch.Generator().manual_seed(seed)
@@ -205,7 +206,7 @@ def rebalance(
     parts_x, parts_y = [x[keep]], [y[keep]]
     if int(copies.sum()) > 0:
         if x.dim() != 4:
-            raise ValueError(
+            raise ParameterError(
                 "Astraea's augmentation transforms images: client inputs must be (N, C, H, W), "
                 f"got shape {tuple(x.shape)}; set augment: false to run mediators only"
             )
@@ -320,11 +321,11 @@ class MediatorRelay:
         owner: Callable[[int], Hashable] | None = None,
     ) -> None:
         if mediator_epochs < 1:
-            raise ValueError(f"mediator_epochs must be >= 1, got {mediator_epochs}")
+            raise ParameterError(f"mediator_epochs must be >= 1, got {mediator_epochs}")
         owner_of = owner if owner is not None else (lambda c: c)
         self.mediators = [[int(c) for c in g] for g in mediators]
         if any(not g for g in self.mediators):
-            raise ValueError(f"every mediator needs at least one member, got {self.mediators}")
+            raise ParameterError(f"every mediator needs at least one member, got {self.mediators}")
         self.hops: list[list[Hop]] = []
         for m, members in enumerate(self.mediators):
             hops: list[Hop] = []

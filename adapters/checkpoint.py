@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from fl_partitions.params import FedbalanceError
+
 FORMAT = "fedbalance-checkpoint"
 VERSION = 1
 NAME = "checkpoint.pt"
@@ -37,7 +39,7 @@ MAY_CHANGE = ("rounds", "eval_every", "data_dir")
 HOST_LABELS = {"fedlab": "FedLab", "fedml": "FedML", "flower": "Flower"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(FedbalanceError, ValueError):
     """A checkpoint that cannot be read or does not fit the run."""
 
 

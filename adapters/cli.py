@@ -20,21 +20,25 @@ from typing import TYPE_CHECKING, Any
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
 from fl_adapters.autoload import HostNotSupported
 from fl_adapters.inputs import InputError, load_json, load_yaml
-from fl_adapters.registry import PluginError, get_registry
+from fl_adapters.registry import get_registry
+from fl_partitions.params import FedbalanceError
 
 if TYPE_CHECKING:
     from fl_adapters.config import RunConfig
 
 log = logging.getLogger("fedbalance")
 
+#: What the CLI reports as one line and exit 2: fedbalance's errors about its input, an
+#: unsupported host release (``HostNotSupported`` lives in the import-time autoload, which stays
+#: free of the core's imports) and the operating system's refusals about the user's paths.
+#: Anything else is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError,
-    TypeError,
-    KeyError,
-    PluginError,
+    FedbalanceError,
     HostNotSupported,
     FileNotFoundError,
     PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
 )
 
 
@@ -42,7 +46,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 MAX_COUNTS = 1_000_000
 
 
-class UsageError(ValueError):
+class UsageError(FedbalanceError, ValueError):
     """A command-line value that does not fit (exit status 2)."""
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_adapters.inputs import InputError, brief, check_tree, load_yaml
+from fl_partitions.params import FedbalanceError, ParameterError
 
 FRAMEWORKS = (
     "fedlab",
@@ -36,12 +37,12 @@ EVAL_DATA = ("clients", "test", "val")
 BACKENDS = ("mpi", "grpc")
 
 
-class RunFailed(RuntimeError):
+class RunFailed(FedbalanceError, RuntimeError):
     """A run that started but could not finish (a process died, a host exited); the message
     says what survived and how to go on."""
 
 
-class ConfigError(ValueError):
+class ConfigError(ParameterError):
     """A configuration value outside what is allowed (the message names the field)."""
 
 

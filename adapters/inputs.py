@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from fl_partitions.params import FedbalanceError
+
 MAX_BYTES = 1 << 20
 MAX_NODES = 100_000
 MAX_DEPTH = 64
@@ -32,7 +34,7 @@ _REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 8, 8, 8
 _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 80, 80, 40
 
 
-class InputError(ValueError):
+class InputError(FedbalanceError, ValueError):
     """Input that is too large, too deep or not well formed (one line, names the source)."""
 
 

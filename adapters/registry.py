@@ -19,9 +19,11 @@ plugins claiming one name raise :class:`DuplicatePluginError`.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.metadata as md
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,7 @@ import pluggy
 from fl_adapters import builtin, hookspecs
 from fl_partitions.base import Partitioner
 from fl_partitions.builtin import make_partitioner
+from fl_partitions.params import FedbalanceError, ParameterError
 
 GROUP = "fedbalance"
 DISTRIBUTION = "fedbalance"
@@ -40,7 +43,7 @@ BUILTIN = "fedbalance:builtin"
 HOOKS = tuple(f"fedbalance_{kind}" for kind in KINDS)
 
 
-class PluginError(Exception):
+class PluginError(FedbalanceError):
     """Base class of registry errors."""
 
 
@@ -218,12 +221,16 @@ class Registry:
 
     def make_partitioner(self, spec: dict[str, Any] | str) -> Partitioner:
         """Build a partitioner (nested ``mixed`` components too) from a spec via this registry."""
-        return make_partitioner(spec, self.partitioner)
+        name = (
+            spec if isinstance(spec, str) else spec.get("name") if isinstance(spec, dict) else None
+        )
+        with self._plugin_parameters("partitioners", name):
+            return make_partitioner(spec, self.partitioner)
 
     def make_aggregator(self, name: str, **kwargs: Any) -> Any:
         """Instantiate the aggregator registered as ``name`` with keyword arguments.
 
-        An argument the aggregator does not take is a ``ValueError`` naming the allowed ones.
+        An argument the aggregator does not take is a ``ParameterError`` naming the allowed ones.
         """
         cls = self.aggregator(name)
         params = inspect.signature(cls).parameters
@@ -233,11 +240,28 @@ class Registry:
             )
             unknown = sorted(set(kwargs) - set(allowed))
             if unknown:
-                raise ValueError(
+                raise ParameterError(
                     f"aggregator_args: unknown argument(s) {', '.join(map(repr, unknown))} for "
                     f"aggregator {name!r}; allowed: {', '.join(allowed) or '(none)'}"
                 )
-        return cls(**kwargs)
+        with self._plugin_parameters("aggregators", name):
+            return cls(**kwargs)
+
+    @contextlib.contextmanager
+    def _plugin_parameters(self, kind: str, name: Any) -> Iterator[None]:
+        """A third-party plugin that refuses its parameters with a plain ``ValueError`` or
+        ``TypeError`` gets a :class:`ParameterError` naming it and its distribution (the
+        original is chained); a built-in raises ``ParameterError`` itself, so anything else
+        from one is a bug and keeps its traceback."""
+        try:
+            yield
+        except (TypeError, ValueError) as e:
+            info = self._tables[kind].get(str(name).strip().lower())
+            if isinstance(e, FedbalanceError) or info is None or info.source == DISTRIBUTION:
+                raise
+            raise ParameterError(
+                f"{kind[:-1]} {info.name!r} from {info.source} refused its parameters: {e}"
+            ) from e
 
     def as_dict(self) -> dict[str, list[dict[str, str]]]:
         return {kind: [i.as_dict() for i in self.infos(kind)] for kind in KINDS}

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from fl_partitions.params import FedbalanceError
+
 LOCK = ".fedbalance.lock"
 #: Set while a run holds its directory: the processes it starts (FedLab's server) share it.
 HELD_ENV = "FEDBALANCE_HELD_OUT"
@@ -29,7 +31,7 @@ HELD_ENV = "FEDBALANCE_HELD_OUT"
 RECORDS = ("metrics.jsonl", "summary.json", "checkpoint.pt", "aggregations.jsonl")
 
 
-class RunDirError(ValueError):
+class RunDirError(FedbalanceError, ValueError):
     """``--out`` cannot be used by this run (one line, exit 2)."""
 
 

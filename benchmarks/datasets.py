@@ -28,6 +28,7 @@ import torch
 from numpy.typing import NDArray
 
 from fedbalance_benchmarks import user_data
+from fl_partitions.params import FedbalanceError, ParameterError
 
 DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -35,7 +36,7 @@ DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530
 
 
-class DatasetUnavailable(FileNotFoundError):
+class DatasetUnavailable(FedbalanceError, FileNotFoundError):
     """The dataset is not on this machine; the message says how to get it."""
 
 
@@ -83,12 +84,14 @@ def _read_idx(path: Path) -> NDArray[np.uint8]:
     with opener(path, "rb") as fh:
         data = fh.read()
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise ValueError(f"{path}: not an IDX file of unsigned bytes")
+        raise ParameterError(f"{path}: not an IDX file of unsigned bytes")
     ndim = data[3]
     dims = np.frombuffer(data, dtype=">i4", count=ndim, offset=4)
     arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if arr.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: truncated IDX file ({arr.size} of {int(np.prod(dims))} values)")
+        raise ParameterError(
+            f"{path}: truncated IDX file ({arr.size} of {int(np.prod(dims))} values)"
+        )
     return arr.reshape(tuple(int(d) for d in dims))
 
 
@@ -170,7 +173,7 @@ def load_torchvision(
                 str(root), split="balanced", train=train, transform=tf, download=download
             )
         else:
-            raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
+            raise ParameterError(f"dataset must be one of {', '.join(DATASETS)}, got {name!r}")
     except (RuntimeError, OSError) as e:
         raise DatasetUnavailable(
             f"{name} not found under {root} ({e}). Run once with download enabled on a machine "

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fl_partitions.params import ParameterError
+
 MODELS = ("thesis_cnn", "astraea_cnn")
 
 
@@ -78,7 +80,7 @@ MIN_IMAGE_SIZE = {"thesis_cnn": 16, "astraea_cnn": 13}
 
 def build_model(name: str, *, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
     if name in MIN_IMAGE_SIZE and image_size < MIN_IMAGE_SIZE[name]:
-        raise ValueError(
+        raise ParameterError(
             f"model {name} needs images of at least {MIN_IMAGE_SIZE[name]}x"
             f"{MIN_IMAGE_SIZE[name]} pixels, got {image_size}x{image_size}"
         )
@@ -86,7 +88,7 @@ def build_model(name: str, *, in_channels: int, num_classes: int, image_size: in
         return ThesisCNN(in_channels, num_classes, image_size)
     if name == "astraea_cnn":
         return AstraeaCNN(in_channels, num_classes, image_size)
-    raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
+    raise ParameterError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
 
 
 def model_for(

@@ -32,6 +32,7 @@ import torch
 
 from fedbalance_benchmarks._runs import mean_std, output_dirs, read_metrics, run_jobs
 from fedbalance_benchmarks.thesis import run_config as thesis_run_config
+from fl_partitions.params import ParameterError
 
 KINDS = (
     "none",
@@ -62,9 +63,9 @@ class Attack:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+            raise ParameterError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.params not in ("honest", "scaled", "flipped"):
-            raise ValueError(f"params must be honest, scaled or flipped, got {self.params!r}")
+            raise ParameterError(f"params must be honest, scaled or flipped, got {self.params!r}")
 
     def __call__(
         self, client: int, downlink: torch.Tensor, package: list[torch.Tensor]

@@ -26,6 +26,7 @@ import torch
 from numpy.typing import NDArray
 
 from fl_partitions._limits import MAX_CLASSES
+from fl_partitions.params import FedbalanceError
 
 PREFIX = "npy:"
 #: Channels an image may have (grey, grey + alpha, RGB, RGBA).
@@ -33,7 +34,7 @@ MAX_CHANNELS = 4
 IMAGE_DTYPES = ("uint8", "float16", "float32", "float64")
 
 
-class UserDataError(ValueError):
+class UserDataError(FedbalanceError, ValueError):
     """An ``npy:PATH`` file that cannot serve as asked; the message says what to give."""
 
 

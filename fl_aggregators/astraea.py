@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from fl_aggregators.astraea_plan import check_count_clip, check_tau_d
 from fl_aggregators.fedavg import FedAvg
+from fl_partitions.params import ParameterError
 
 #: Largest ``mediator_epochs``: every pass trains each member again, so the round's work
 #: grows with it (the paper passes once).
@@ -38,13 +39,13 @@ def _positive_int(name: str, value: Any, meaning: str, high: int | None = None) 
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     if not ok or (high is not None and value > high):
         allowed = ">= 1" if high is None else f"in [1, {high}]"
-        raise ValueError(f"{name} must be an int {allowed} ({meaning}), got {value!r}")
+        raise ParameterError(f"{name} must be an int {allowed} ({meaning}), got {value!r}")
     return int(value)
 
 
 def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
+        raise ParameterError(f"{name} must be true or false, got {value!r}")
     return value
 
 
@@ -54,7 +55,7 @@ def _augment(value: Any) -> tuple[bool, str]:
         return True, "paper"
     if isinstance(value, bool):
         return value, "bounded"
-    raise ValueError(
+    raise ParameterError(
         f"augment must be true (the bounded rule), 'paper' (the paper's printed formula) or "
         f"false, got {value!r}"
     )

@@ -51,6 +51,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fl_partitions.params import ParameterError
+
 
 def _kl_uniform(counts: NDArray[np.float64]) -> NDArray[np.float64]:
     """KL(p || uniform) of the rows of a count matrix (natural log; empty rows -> 0)."""
@@ -94,13 +96,13 @@ def check_counts(counts: Any, name: str = "class counts") -> NDArray[np.float64]
     try:
         arr = np.asarray(counts, dtype=np.float64)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{name} must be a clients x classes matrix of numbers ({e})") from e
+        raise ParameterError(f"{name} must be a clients x classes matrix of numbers ({e})") from e
     if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] < 2:
-        raise ValueError(
+        raise ParameterError(
             f"{name} must be a clients x classes matrix with >= 2 classes, got shape {arr.shape}"
         )
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ValueError(f"{name} must be finite and >= 0")
+        raise ParameterError(f"{name} must be finite and >= 0")
     return arr
 
 
@@ -121,7 +123,7 @@ def check_tau_d(tau_d: float) -> float:
         or not math.isfinite(tau_d)
         or not low <= tau_d <= high
     ):
-        raise ValueError(
+        raise ParameterError(
             f"tau_d must be a float in [{low:g}, {high:g}] (the paper recommends 3.0-3.5), "
             f"got {tau_d!r}"
         )
@@ -133,7 +135,7 @@ def check_count_clip(value: Any) -> float | None:
         return None
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or not 1 <= value <= MAX_COUNT_CLIP:
-        raise ValueError(
+        raise ParameterError(
             f"count_clip must be None or a float in [1, {MAX_COUNT_CLIP:g}], got {value!r}"
         )
     return float(value)
@@ -162,12 +164,12 @@ def plan_rebalance(
     ``rule`` is the augmentation formula (``bounded`` or ``paper``)."""
     tau_d = check_tau_d(tau_d)
     if rule not in RULES:
-        raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
+        raise ParameterError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
     sizes = np.asarray(class_sizes, dtype=np.float64)
     if sizes.ndim == 2:
         sizes = clip_counts(sizes, count_clip).sum(axis=0)
     if sizes.ndim != 1 or len(sizes) < 2 or not np.all(np.isfinite(sizes)) or np.any(sizes < 0):
-        raise ValueError(
+        raise ParameterError(
             f"class sizes must be >= 2 non-negative finite numbers, got {sizes.tolist()}"
         )
     mu, sigma = float(sizes.mean()), float(sizes.std())
@@ -195,7 +197,7 @@ def assign_mediators(counts: Any, gamma: int) -> list[list[int]]:
     """
     arr = check_counts(counts)
     if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1 (clients per mediator), got {gamma!r}")
+        raise ParameterError(f"gamma must be an int >= 1 (clients per mediator), got {gamma!r}")
     unassigned = list(range(arr.shape[0]))
     mediators: list[list[int]] = []
     while unassigned:

@@ -41,6 +41,7 @@ from fl_aggregators._tensors import rebuild, structure_mismatch, tensors_of
 from fl_aggregators.functional import all_finite_many
 from fl_aggregators.record import record
 from fl_aggregators.update import ClientUpdate, Params
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class Aggregator(ABC):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if "round" not in state or not isinstance(state["round"], int) or state["round"] < 0:
-            raise ValueError(
+            raise ParameterError(
                 f"state must hold a non-negative int 'round', got {state.get('round')!r}"
             )
         self.round = int(state["round"])
@@ -248,7 +249,7 @@ class Aggregator(ABC):
         """
         reason = self.secure_refusal()
         if reason is not None:
-            raise ValueError(f"secure aggregation: {reason}")
+            raise ParameterError(f"secure aggregation: {reason}")
         self.round = self.round + 1 if round is None else int(round)
         self._take_extra()  # nothing left over from an earlier round
         ids = [u.client_id if u.client_id is not None else i for i, u in enumerate(updates)]

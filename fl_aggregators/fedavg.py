@@ -49,6 +49,7 @@ from fl_aggregators.functional import (
     weighted_means,
 )
 from fl_aggregators.update import ClientUpdate
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def check_clip(value: float | None, name: str) -> float | None:
         return None
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value < 1:
-        raise ValueError(f"{name} must be None or a finite float >= 1, got {value!r}")
+        raise ParameterError(f"{name} must be None or a finite float >= 1, got {value!r}")
     return float(value)
 
 

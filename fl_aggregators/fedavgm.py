@@ -25,6 +25,7 @@ import torch
 
 from fl_aggregators.fedavg import FedAvg
 from fl_aggregators.functional import momentum_step
+from fl_partitions.params import ParameterError
 
 
 def _check_float(name: str, value: Any, low: float, high: float | None) -> float:
@@ -36,7 +37,7 @@ def _check_float(name: str, value: Any, low: float, high: float | None) -> float
     if not ok or not math.isfinite(v) or not (low <= v and (high is None or v < high)):
         rng = f"[{low}, {high})" if high is not None else f">= {low}"
         shown = repr(value) if ok else type(value).__name__
-        raise ValueError(f"{name} must be a finite float in {rng}, got {shown[:80]}")
+        raise ParameterError(f"{name} must be a finite float in {rng}, got {shown[:80]}")
     return v
 
 
@@ -57,7 +58,7 @@ class FedAvgM(FedAvg):
         self.beta = _check_float("beta", beta, 0.0, 1.0)
         self.server_lr = _check_float("server_lr", server_lr, 0.0, None)
         if self.server_lr == 0:
-            raise ValueError(f"server_lr must be > 0, got {server_lr!r}")
+            raise ParameterError(f"server_lr must be > 0, got {server_lr!r}")
         self.velocity: list[torch.Tensor] | None = None
         self._pending: list[torch.Tensor] | None = None
 
@@ -92,5 +93,5 @@ class FedAvgM(FedAvg):
         if v is not None and (
             not isinstance(v, list) or not all(isinstance(t, torch.Tensor) for t in v)
         ):
-            raise ValueError("state 'velocity' must be None or a list of tensors")
+            raise ParameterError("state 'velocity' must be None or a list of tensors")
         self.velocity = None if v is None else [t.clone() for t in v]

@@ -24,6 +24,7 @@ from fl_aggregators.fedavg import SAMPLE_CLIP, FedAvg, check_clip
 from fl_aggregators.fedloss import FedLoss
 from fl_aggregators.functional import bound_losses, normalize
 from fl_aggregators.update import ClientUpdate
+from fl_partitions.params import ParameterError
 
 
 class FedLossN(FedLoss):
@@ -44,9 +45,9 @@ class FedLossN(FedLoss):
         super().__init__(loss_clip=loss_clip, peer_clip=peer_clip, update_clip=update_clip)
         self.sample_clip = check_clip(sample_clip, "sample_clip")
         if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
-            raise ValueError(f"mix must be a float in [0, 1], got {mix!r}")
+            raise ParameterError(f"mix must be a float in [0, 1], got {mix!r}")
         if not isinstance(size_aware, bool):
-            raise ValueError(f"size_aware must be true or false, got {size_aware!r}")
+            raise ParameterError(f"size_aware must be true or false, got {size_aware!r}")
         self.mix = float(mix)
         self.size_aware = size_aware
 

@@ -22,6 +22,8 @@ import math
 import os
 from typing import Any
 
+from fl_partitions.params import ParameterError
+
 log = logging.getLogger(__name__)
 ENV = "FEDBALANCE_RECORD"
 #: The run directory's copy of the record, set by ``fedbalance run`` (not for users to set).
@@ -49,12 +51,12 @@ def check_target(path: str | None = None) -> None:
     if not path:
         return
     if os.path.exists(path) and not os.path.isfile(path):
-        raise ValueError(f"{ENV}={path} is not a regular file")
+        raise ParameterError(f"{ENV}={path} is not a regular file")
     try:
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as e:
-        raise ValueError(f"{ENV}={path} cannot be written ({e.strerror or e})") from None
+        raise ParameterError(f"{ENV}={path} cannot be written ({e.strerror or e})") from None
 
 
 _failed: set[str] = set()

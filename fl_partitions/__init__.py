@@ -8,16 +8,19 @@ from fl_partitions.iid import IID
 from fl_partitions.label_dirichlet import LabelDirichlet
 from fl_partitions.label_quantity import LabelQuantity
 from fl_partitions.mixed import Mixed
+from fl_partitions.params import FedbalanceError, ParameterError
 from fl_partitions.partition import Partition, PartitionFileError
 from fl_partitions.quantity_dirichlet import QuantityDirichlet
 
 __all__ = [
     "BUILTIN_PARTITIONERS",
+    "FedbalanceError",
     "IID",
     "FeatureNoise",
     "GlobalImbalance",
     "LabelDirichlet",
     "LabelQuantity",
+    "ParameterError",
     "Mixed",
     "Partition",
     "PartitionFileError",

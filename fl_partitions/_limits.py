@@ -2,7 +2,7 @@
 
 Every partitioner parameter that scales the work (retries, classes, clients, components)
 has a documented ceiling, so no input can make a partition run for minutes or exhaust
-memory: a value above it is a ``ValueError`` naming the parameter, the allowed range and
+memory: a value above it is a ``ParameterError`` naming the parameter, the allowed range and
 the value received. The ceilings sit well above what any experiment of this project uses;
 with them, a partition of up to 10^6 labels takes at most a few seconds whatever the
 parameters (the slowest case found, a full 10^7-cell count matrix at beta < 0.1, about 2 s
@@ -15,8 +15,6 @@ draws, not seconds, so a seed gives the same partition on every machine.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 #: Largest number of classes (labels are class ids below it). Per-class steps are Python
 #: loops; 10^4 covers ImageNet-1k and iNaturalist 2021's 10,000 species.
@@ -34,15 +32,6 @@ REDRAW_BUDGET = 1 << 23
 #: What one Dirichlet draw costs beyond its components: the Python step around it (~20 us
 #: per class), in components.
 DRAW_OVERHEAD = 256
-
-
-def check_int_range(name: str, value: object, low: int, high: int) -> int:
-    """Validate an integer parameter in ``[low, high]``, naming it, the range and the value."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int in [{low}, {high}], got {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
-    return int(value)
 
 
 def redraw_limit(max_tries: int, draws_per_try: int, components: int) -> int:

@@ -24,8 +24,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fl_partitions._alloc import OwnerArray, group_order
-from fl_partitions._limits import MAX_CELLS, MAX_CLASSES, MAX_CLIENTS, check_int_range
-from fl_partitions._rng import SeedLike, as_generator, check_fractions, seed_int
+from fl_partitions._limits import MAX_CELLS, MAX_CLASSES, MAX_CLIENTS
+from fl_partitions._rng import SeedLike, as_generator, seed_int
+from fl_partitions.params import ParameterError, check_fractions, check_int_range
 from fl_partitions.partition import DEFAULT_SPLIT, Partition
 
 IntArray = NDArray[np.int64]
@@ -40,18 +41,18 @@ def validate_labels(labels: NDArray[Any] | Sequence[int]) -> tuple[IntArray, int
     """
     arr = np.asarray(labels)
     if arr.ndim != 1:
-        raise ValueError(f"labels must be a 1-d array of class ids, got shape {arr.shape}")
+        raise ParameterError(f"labels must be a 1-d array of class ids, got shape {arr.shape}")
     if arr.size == 0:
-        raise ValueError("labels must not be empty")
+        raise ParameterError("labels must not be empty")
     if not np.issubdtype(arr.dtype, np.integer) and not (
         np.issubdtype(arr.dtype, np.floating) and np.all(np.mod(arr, 1) == 0)
     ):
-        raise ValueError(f"labels must be integer class ids, got dtype {arr.dtype}")
+        raise ParameterError(f"labels must be integer class ids, got dtype {arr.dtype}")
     low, high = arr.min(), arr.max()
     if low < 0:
-        raise ValueError(f"labels must be non-negative class ids, got minimum {low}")
+        raise ParameterError(f"labels must be non-negative class ids, got minimum {low}")
     if high >= MAX_CLASSES:  # checked before the cast: a float 1e300 must not wrap around
-        raise ValueError(
+        raise ParameterError(
             f"labels must be class ids in [0, {MAX_CLASSES}) (at most {MAX_CLASSES} classes), "
             f"got a maximum of {high}"
         )
@@ -144,11 +145,11 @@ class Partitioner(ABC):
         if num_classes is None:
             num_classes = found_classes
         elif check_int_range("num_classes", num_classes, 1, MAX_CLASSES) < found_classes:
-            raise ValueError(
+            raise ParameterError(
                 f"num_classes must cover every label (>= {found_classes}), got {num_classes}"
             )
         if num_clients * num_classes > MAX_CELLS:
-            raise ValueError(
+            raise ParameterError(
                 f"num_clients x num_classes must be at most {MAX_CELLS:,} (the partition's "
                 f"count matrix), got {num_clients} x {num_classes}; lower num_clients"
             )
@@ -158,7 +159,7 @@ class Partitioner(ABC):
 
         kept = self.select(labels_arr, num_classes, rng)
         if num_clients > len(kept):
-            raise ValueError(
+            raise ParameterError(
                 f"num_clients must be at most the number of samples ({len(kept)}), got {num_clients}"
             )
         # Keeping every sample (all but resampling schemes) needs no gather through ``kept``:

@@ -17,6 +17,7 @@ from fl_partitions.iid import IID
 from fl_partitions.label_dirichlet import LabelDirichlet
 from fl_partitions.label_quantity import LabelQuantity
 from fl_partitions.mixed import Mixed
+from fl_partitions.params import ParameterError
 from fl_partitions.quantity_dirichlet import QuantityDirichlet
 
 BUILTIN_PARTITIONERS: tuple[type[Partitioner], ...] = (
@@ -38,13 +39,13 @@ def partitioner_class(
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"a partitioner spec must be a mapping with a 'name', got {spec!r}")
+        raise ParameterError(f"a partitioner spec must be a mapping with a 'name', got {spec!r}")
     if lookup is not None:
         return lookup(spec["name"])
     table = {cls.name: cls for cls in BUILTIN_PARTITIONERS}
     name = spec["name"].lower()
     if name not in table:
-        raise ValueError(
+        raise ParameterError(
             f"unknown partitioner {spec['name']!r}; available: {', '.join(sorted(table))}"
         )
     return table[name]
@@ -57,7 +58,7 @@ def make_partitioner(
     """Build a partitioner from ``{"name": ..., **params}`` (or a bare name).
 
     ``lookup`` maps a name to a class (the plugin registry passes its own); by default only
-    the built-ins are known. Unknown parameters are a ``TypeError`` naming them and the
+    the built-ins are known. Unknown parameters are a ``ParameterError`` naming them and the
     accepted ones.
     """
     cls = partitioner_class(spec, lookup)
@@ -69,7 +70,7 @@ def make_partitioner(
     accepted = cls._param_names()
     unknown = sorted(set(params) - set(accepted))
     if unknown:
-        raise TypeError(
+        raise ParameterError(
             f"{cls.name}: unknown parameter(s) {', '.join(unknown)}; accepted: "
             f"{', '.join(p for p in accepted if p != 'resolve') or '(none)'}"
         )

@@ -28,10 +28,10 @@ from numpy.typing import NDArray
 
 from fl_partitions._alloc import OwnerArray, class_positions
 from fl_partitions._limits import MAX_CLASSES
-from fl_partitions._rng import check_positive_float, check_positive_int
 from fl_partitions.base import IntArray, Partitioner
 from fl_partitions.iid import IID
 from fl_partitions.mixed import Mixed
+from fl_partitions.params import ParameterError, check_positive_float, check_positive_int
 
 # Relative frequency (%) of English letters in text, a..z (Lewand, "Cryptological Mathematics").
 LETTER_FREQUENCIES = (
@@ -84,17 +84,19 @@ def profile_proportions(
             w = np.exp(-0.5 * x**2)
     elif profile == "letters":
         if num_classes > len(LETTER_FREQUENCIES):
-            raise ValueError(f"profile 'letters' supports at most 26 classes, got {num_classes}")
+            raise ParameterError(
+                f"profile 'letters' supports at most 26 classes, got {num_classes}"
+            )
         w = np.asarray(LETTER_FREQUENCIES[:num_classes])
     elif profile == "proportions":
         if proportions is None or len(proportions) != num_classes:
             got = None if proportions is None else len(proportions)
-            raise ValueError(
+            raise ParameterError(
                 f"proportions must list one value per class ({num_classes}), got {got}"
             )
         w = np.asarray(proportions, dtype=np.float64)
     else:
-        raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
+        raise ParameterError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
     return w / w.sum()
 
 
@@ -109,16 +111,16 @@ def _split_scheme(then: Partitioner | dict[str, Any] | None) -> Partitioner | No
         _check_then(partitioner_class(then))
         then = make_partitioner(then)
     if not isinstance(then, Partitioner):
-        raise TypeError(f"then must be a partitioner or a spec dict, got {then!r}")
+        raise ParameterError(f"then must be a partitioner or a spec dict, got {then!r}")
     _check_then(type(then))
     return then
 
 
 def _check_then(cls: type[Partitioner]) -> None:
     if cls.kind != "split":
-        raise ValueError(f"then must be a split scheme, got {cls.name!r} ({cls.kind})")
+        raise ParameterError(f"then must be a split scheme, got {cls.name!r} ({cls.kind})")
     if issubclass(cls, Mixed):
-        raise ValueError(
+        raise ParameterError(
             "then must be a split scheme other than 'mixed': list global_imbalance as a "
             "component of mixed instead"
         )
@@ -141,23 +143,25 @@ class GlobalImbalance(Partitioner):
         then: Partitioner | dict[str, Any] | None = None,
     ) -> None:
         if profile not in PROFILES:
-            raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
+            raise ParameterError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
         self.profile = profile
         self.exponent = check_positive_float("exponent", exponent, allow_zero=True)
         self.scale = check_positive_float("scale", scale)
         if proportions is not None:
             count = len(proportions) if hasattr(proportions, "__len__") else -1
             if isinstance(proportions, (str, bytes)) or not 1 <= count <= MAX_CLASSES:
-                raise ValueError(
+                raise ParameterError(
                     f"proportions must be a list of 1 to {MAX_CLASSES} numbers, one per class, "
                     f"got {type(proportions).__name__} of length {count if count >= 0 else '?'}"
                 )
             props = [check_positive_float("proportions[]", p, allow_zero=True) for p in proportions]
             if sum(props) <= 0:
-                raise ValueError(f"proportions must have a positive sum, got {list(proportions)}")
+                raise ParameterError(
+                    f"proportions must have a positive sum, got {list(proportions)}"
+                )
             proportions = props
         elif profile == "proportions":
-            raise ValueError("profile 'proportions' needs proportions=[...] (one per class)")
+            raise ParameterError("profile 'proportions' needs proportions=[...] (one per class)")
         self.proportions = proportions
         self.max_samples = (
             None if max_samples is None else check_positive_int("max_samples", max_samples)

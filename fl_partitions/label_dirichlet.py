@@ -16,7 +16,7 @@ partition everywhere): with 10 classes the default 100 tries are always allowed 
 clients, so in the common case the result is distributed exactly like theirs. Otherwise the clients below ``min_size`` are topped up
 constructively with samples drawn from the other clients' surplus. A ``min_size`` that no
 partition can meet (``num_clients * min_size`` above the number of samples) is an immediate
-``ValueError``.
+``ParameterError``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,14 @@ from fl_partitions._alloc import (
     owners,
     top_up,
 )
-from fl_partitions._limits import MAX_TRIES, check_int_range, redraw_limit
-from fl_partitions._rng import check_positive_float, check_positive_int
+from fl_partitions._limits import MAX_TRIES, redraw_limit
 from fl_partitions.base import IntArray, Partitioner
+from fl_partitions.params import (
+    ParameterError,
+    check_int_range,
+    check_positive_float,
+    check_positive_int,
+)
 
 
 def dirichlet_label_counts(
@@ -77,7 +82,7 @@ class LabelDirichlet(Partitioner):
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
     ) -> OwnerArray:
         if num_clients * self.min_size > len(labels):
-            raise ValueError(
+            raise ParameterError(
                 f"min_size={self.min_size} cannot be met: {num_clients} clients x {self.min_size} "
                 f"> {len(labels)} samples; lower min_size or num_clients"
             )

@@ -7,7 +7,7 @@ are split evenly among the clients that hold it.
 
 Departure: NIID-Bench silently drops the samples of a class no client drew. We first give
 the classes nobody holds to clients with free slots, so every sample is assigned; when
-``k * num_clients < C`` that cannot be done and is a ``ValueError``.
+``k * num_clients < C`` that cannot be done and is a ``ParameterError``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from fl_partitions._alloc import OwnerArray, assign_counts, class_positions, even_counts, owners
-from fl_partitions._limits import MAX_CLASSES, check_int_range
+from fl_partitions._limits import MAX_CLASSES
 from fl_partitions.base import IntArray, Partitioner
+from fl_partitions.params import ParameterError, check_int_range
 
 
 def class_sets(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> IntArray:
@@ -61,9 +62,9 @@ class LabelQuantity(Partitioner):
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
     ) -> OwnerArray:
         if self.k > num_classes:
-            raise ValueError(f"k must be between 1 and num_classes={num_classes}, got {self.k}")
+            raise ParameterError(f"k must be between 1 and num_classes={num_classes}, got {self.k}")
         if self.k * num_clients < num_classes:
-            raise ValueError(
+            raise ParameterError(
                 f"k={self.k} x num_clients={num_clients} < num_classes={num_classes}: some "
                 f"classes would belong to no client; raise k or num_clients"
             )

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from fl_partitions._alloc import OwnerArray
 from fl_partitions.base import KINDS, IntArray, Partitioner
 from fl_partitions.iid import IID
+from fl_partitions.params import ParameterError
 
 THESIS_MIXED: tuple[dict[str, Any], ...] = (
     {"name": "label_dirichlet", "beta": 0.5},
@@ -43,11 +44,11 @@ class Mixed(Partitioner):
             or not isinstance(components, Sequence)
             or not components
         ):
-            raise ValueError(
+            raise ParameterError(
                 f"components must be a non-empty list of partitioner specs, got {components!r}"
             )
         if len(components) > len(KINDS):
-            raise ValueError(
+            raise ParameterError(
                 f"components must list at most {len(KINDS)} partitioners (one of each kind: "
                 f"{', '.join(KINDS)}), got {len(components)}"
             )
@@ -61,19 +62,19 @@ class Mixed(Partitioner):
             if isinstance(c, Mixed) or (
                 isinstance(c, dict) and str(c.get("name", "")).lower() == self.name
             ):
-                raise ValueError("components of mixed cannot themselves be mixed")
+                raise ParameterError("components of mixed cannot themselves be mixed")
             built.append(c if isinstance(c, Partitioner) else resolve(c))
         by_kind: dict[str, Partitioner] = {}
         for part in built:
             if isinstance(part, Mixed):
-                raise ValueError("components of mixed cannot themselves be mixed")
+                raise ParameterError("components of mixed cannot themselves be mixed")
             if part.kind in by_kind:
-                raise ValueError(
+                raise ParameterError(
                     f"mixed takes at most one {part.kind!r} component; got "
                     f"{by_kind[part.kind].name!r} and {part.name!r}"
                 )
             if part.kind == "resample" and getattr(part, "then", None) is not None:
-                raise ValueError(
+                raise ParameterError(
                     f"inside mixed, give {part.name!r} no 'then': list the split scheme as its own component"
                 )
             by_kind[part.kind] = part

@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fl_partitions._rng import derived_generator
+from fl_partitions.params import FedbalanceError
 from fl_partitions.stats import class_count_matrix, summarize
 
 IntArray = NDArray[np.int64]
@@ -30,7 +31,7 @@ _SPLIT_STREAM = 1
 INLINE_LIMIT = 200_000
 
 
-class PartitionFileError(ValueError):
+class PartitionFileError(FedbalanceError, ValueError):
     """A partition file that is malformed, truncated or tampered with."""
 
 

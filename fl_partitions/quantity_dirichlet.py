@@ -9,7 +9,7 @@ We redraw at most ``max_tries`` times (itself at most 1000; fewer once the redra
 about ``2^23`` Dirichlet components, see :func:`fl_partitions._limits.redraw_limit` — 100
 tries are allowed for any number of clients up to the 10,000 limit) and otherwise give each client
 ``min_size`` first and share the rest by ``q`` — never a hang; an impossible ``min_size`` is a
-``ValueError``.
+``ParameterError``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,14 @@ from __future__ import annotations
 import numpy as np
 
 from fl_partitions._alloc import OwnerArray, assign_counts, counts_from_proportions, owners
-from fl_partitions._limits import MAX_TRIES, check_int_range, redraw_limit
-from fl_partitions._rng import check_positive_float, check_positive_int
+from fl_partitions._limits import MAX_TRIES, redraw_limit
 from fl_partitions.base import IntArray, Partitioner
+from fl_partitions.params import (
+    ParameterError,
+    check_int_range,
+    check_positive_float,
+    check_positive_int,
+)
 
 
 class QuantityDirichlet(Partitioner):
@@ -37,7 +42,7 @@ class QuantityDirichlet(Partitioner):
     ) -> OwnerArray:
         n = len(labels)
         if num_clients * self.min_size > n:
-            raise ValueError(
+            raise ParameterError(
                 f"min_size={self.min_size} cannot be met: {num_clients} clients x {self.min_size} "
                 f"> {n} samples; lower min_size or num_clients"
             )

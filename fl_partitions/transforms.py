@@ -24,6 +24,8 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
+from fl_partitions.params import ParameterError
+
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -99,11 +101,11 @@ class NoisyDataset(Dataset[Any]):
         pixel_scale: float | None = None,
     ) -> None:
         if not np.isfinite(std) or std < 0:
-            raise ValueError(f"std must be a finite float >= 0, got {std!r}")
+            raise ParameterError(f"std must be a finite float >= 0, got {std!r}")
         if pixel_scale is None:
             pixel_scale = float(getattr(dataset, "pixel_scale", 1.0))
         if not np.isfinite(pixel_scale) or pixel_scale <= 0:
-            raise ValueError(f"pixel_scale must be a finite float > 0, got {pixel_scale!r}")
+            raise ParameterError(f"pixel_scale must be a finite float > 0, got {pixel_scale!r}")
         self.dataset = dataset
         self.indices = np.asarray(indices, dtype=np.int64)
         self.std = float(std)

@@ -262,3 +262,29 @@ def test_quick_thesis_bench_writes_tables_and_plots(tmp_path: Path, capsys) -> N
     partial = (tmp_path / "thesis_digits_quick.md").read_text()
     assert "**Unfinished: 4 of 8 runs recorded**" in partial
     assert not (tmp_path / "runs" / "thesis_digits_quick" / "iid" / "fedavg" / "seed1").exists()
+
+
+def test_a_bad_parameter_is_one_line_and_a_bug_keeps_its_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only fedbalance's own errors become exit 2 and one line; a ValueError from a bug in
+    our code reaches the user with its traceback."""
+    import fl_adapters.cli as cli
+    from fl_partitions import ParameterError
+
+    np.save(tmp_path / "labels.npy", np.repeat(np.arange(4), 25))
+    argv = ["partition", "--dataset", f"npy:{tmp_path / 'labels.npy'}", "--clients", "4"]
+    argv += ["--out", str(tmp_path / "p.json")]
+    assert main([*argv, "--scheme", "label_dirichlet", "--set", "beta=-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "beta must be a finite float > 0, got -1" in err[0]
+    with pytest.raises(ParameterError):  # one error type for every plugin parameter
+        cli.get_registry().make_partitioner({"name": "label_dirichlet", "gamma": 1})
+
+    class Broken:
+        def as_dict(self) -> dict:
+            raise ValueError("a bug in fedbalance")
+
+    monkeypatch.setattr(cli, "get_registry", Broken)
+    with pytest.raises(ValueError, match="a bug in fedbalance"):
+        main(["list"])

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from fl_partitions import (
     BUILTIN_PARTITIONERS,
     GlobalImbalance,
+    ParameterError,
     Partition,
     Partitioner,
     make_partitioner,
@@ -352,7 +353,8 @@ def test_as_many_clients_as_samples_gives_one_sample_each(spec: dict[str, Any]) 
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. Impossible requests: a ValueError (TypeError for unknown names) that says what to change.
+# 2. Impossible requests: a ParameterError (a ValueError) that says what to change, for a
+#    wrong value, a wrong type and an unknown name alike.
 # ---------------------------------------------------------------------------------------------
 LABELS_100 = np.arange(100) % 4
 
@@ -400,8 +402,8 @@ def test_beta_must_be_positive_and_finite(name: str, beta: float, shown: str) ->
 
 
 @pytest.mark.parametrize("name", ["label_dirichlet", "quantity_dirichlet"])
-def test_beta_of_the_wrong_type_is_a_type_error(name: str) -> None:
-    with expect(TypeError, "beta must be a finite float", "got '0.5'"):
+def test_beta_of_the_wrong_type_is_a_parameter_error(name: str) -> None:
+    with expect(ParameterError, "beta must be a finite float", "got '0.5'"):
         make_partitioner({"name": name, "beta": "0.5"})
 
 
@@ -516,8 +518,8 @@ def test_bad_labels_are_a_value_error(labels: Any, fragments: tuple[str, ...]) -
     [
         (0, ValueError, "num_clients must be an int in [1, 10000], got 0"),
         (-3, ValueError, "num_clients must be an int in [1, 10000], got -3"),
-        (2.5, TypeError, "num_clients must be an int in [1, 10000], got 2.5"),
-        (True, TypeError, "num_clients must be an int in [1, 10000], got True"),
+        (2.5, ParameterError, "num_clients must be an int in [1, 10000], got 2.5"),
+        (True, ParameterError, "num_clients must be an int in [1, 10000], got True"),
     ],
     ids=["zero", "negative", "float", "bool"],
 )
@@ -533,7 +535,11 @@ def test_num_classes_below_the_labels_is_a_value_error() -> None:
 
 @pytest.mark.parametrize(
     ("seed", "exc", "fragment"),
-    [(-1, ValueError, "got -1"), ("7", TypeError, "got '7'"), (1.5, TypeError, "got 1.5")],
+    [
+        (-1, ParameterError, "got -1"),
+        ("7", ParameterError, "got '7'"),
+        (1.5, ParameterError, "got 1.5"),
+    ],
     ids=["negative", "string", "float"],
 )
 def test_bad_seed_is_rejected(seed: Any, exc: type[Exception], fragment: str) -> None:
@@ -586,8 +592,10 @@ def test_names_are_case_insensitive() -> None:
     ],
     ids=["label_dirichlet-alpha", "iid-beta", "label_quantity-two-unknown", "mixed-hides-resolve"],
 )
-def test_unknown_parameter_is_a_type_error_naming_it(spec: Any, fragments: tuple[str, ...]) -> None:
-    with expect(TypeError, *fragments):
+def test_unknown_parameter_is_a_parameter_error_naming_it(
+    spec: Any, fragments: tuple[str, ...]
+) -> None:
+    with expect(ParameterError, *fragments):
         make_partitioner(spec)
 
 
@@ -668,7 +676,7 @@ def test_bad_mixed_components_are_a_value_error(
         ),
         (
             {"name": "global_imbalance", "then": "iid"},
-            TypeError,
+            ParameterError,
             ("then must be a partitioner or a spec dict", "got 'iid'"),
         ),
     ],

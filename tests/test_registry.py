@@ -25,6 +25,7 @@ from fl_adapters.registry import (
     UnknownPluginError,
     get_registry,
 )
+from fl_aggregators import FedAvg
 from fl_partitions import IID, Partitioner
 
 BUILTIN_PARTITIONERS = {
@@ -359,3 +360,33 @@ def test_two_distributions_claiming_one_plugin_name_are_named(with_entry_points)
     )
     with pytest.raises(DuplicatePluginError, match="'same' is claimed by fb-a .* and fb-b"):
         Registry()
+
+
+class Picky(FedAvg):
+    """Refuses its parameter with a plain ValueError, as a third-party plugin may."""
+
+    name = "picky"
+
+    def __init__(self, *, level: int = 1) -> None:
+        if level > 3:
+            raise ValueError(f"level must be at most 3, got {level}")
+        super().__init__()
+
+
+def test_a_plugins_own_refusal_becomes_a_parameter_error_naming_it(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    from fl_partitions import ParameterError
+
+    mod = types.ModuleType("fb_picky")
+
+    @hookimpl
+    def fedbalance_aggregators() -> list[type]:
+        return [Picky]
+
+    mod.fedbalance_aggregators = fedbalance_aggregators  # type: ignore[attr-defined]
+    with_entry_points(FakeEntryPoint("picky", "fb_picky", FakeDist("fb-picky"), target=mod))
+    registry = Registry()
+    assert registry.make_aggregator("picky", level=2).name == "picky"
+    with pytest.raises(ParameterError, match="aggregator 'picky' from fb-picky refused") as info:
+        registry.make_aggregator("picky", level=9)
+    assert "level must be at most 3, got 9" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)  # the plugin's own error, chained

@@ -57,6 +57,7 @@ from fl_adapters.fedlab.trainer import (
     UplinkHook,
 )
 from fl_aggregators.astraea import Astraea
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ class AstraeaServerHandler(FedBalanceServerHandler):
             **kwargs,
         )
         if not isinstance(self.aggregator, Astraea):
-            raise ValueError(
+            raise ParameterError(
                 f"AstraeaServerHandler needs the astraea aggregator, got {self.aggregator.name!r}"
             )
         self.astraea: Astraea = self.aggregator
@@ -359,7 +360,7 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
 
     def local_process(self, payload: list[torch.Tensor], id_list: list[int]) -> None:
         if len(payload) < 3:
-            raise ValueError(
+            raise ParameterError(
                 "AstraeaSerialTrainer needs the [params, rad, layout] downlink of "
                 "AstraeaServerHandler"
             )

@@ -50,6 +50,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fl_adapters._training import evaluate, stream_seed
 from fl_adapters.autoload import FEDLAB_AGGREGATOR_ENV, PATCHES
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def settings() -> tuple[str, dict[str, Any]] | None:
 
     args = load_json(raw, ENV_ARGS)  # InputError (a ValueError) names the variable
     if not isinstance(args, dict):
-        raise ValueError(f"{ENV_ARGS} must be a JSON object, got {brief(args)}")
+        raise ParameterError(f"{ENV_ARGS} must be a JSON object, got {brief(args)}")
     return name, args
 
 

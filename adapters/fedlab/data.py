@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from fl_partitions import Partition, Partitioner
 from fl_partitions._rng import SeedLike
+from fl_partitions.params import ParameterError
 from fl_partitions.transforms import NoisyDataset
 
 SPLITS = ("train", "val", "test")
@@ -35,9 +36,9 @@ class PartitionedDataset(FedDataset):
 
     def get_dataset(self, id: int, type: str = "train") -> NoisyDataset:
         if type not in SPLITS:
-            raise ValueError(f"type must be one of {', '.join(SPLITS)}, got {type!r}")
+            raise ParameterError(f"type must be one of {', '.join(SPLITS)}, got {type!r}")
         if not 0 <= int(id) < self.num:
-            raise ValueError(f"client id must be in [0, {self.num}), got {id!r}")
+            raise ParameterError(f"client id must be in [0, {self.num}), got {id!r}")
         key = (int(id), type)
         if key not in self._views:  # one view per split, so its noise cache is reused
             p = self.partition

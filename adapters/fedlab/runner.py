@@ -51,6 +51,7 @@ from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
 from fl_aggregators import AggregationResult
 from fl_aggregators.astraea_plan import client_kl, mediator_kl
 from fl_aggregators.record import RUN_ENV
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -442,7 +443,9 @@ def run_client(
 
     check_processes(config, world_size - 1)
     if not 1 <= rank < world_size:
-        raise ValueError(f"rank must be between 1 and world_size-1={world_size - 1}, got {rank}")
+        raise ParameterError(
+            f"rank must be between 1 and world_size-1={world_size - 1}, got {rank}"
+        )
     exp = build(config)
     ids = client_slices(config.num_clients, world_size - 1)[rank - 1]
     trainer: FedBalanceSerialTrainer
@@ -477,7 +480,7 @@ def run_client(
 def check_processes(config: RunConfig, client_processes: int) -> None:
     """A cross-process run needs 1 <= client processes <= num_clients (each holds a client)."""
     if not 1 <= client_processes <= config.num_clients:
-        raise ValueError(
+        raise ParameterError(
             f"a cross-process run needs between 1 and num_clients={config.num_clients} client "
             f"processes (each simulates at least one client), got {client_processes}"
         )

@@ -44,6 +44,7 @@ from fl_adapters.autoload import PATCHES
 from fl_adapters.checkpoint import check_plan
 from fl_adapters.fedml.payload import attach, strip
 from fl_aggregators import Aggregator, ClientUpdate
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def check_optimizer(args: Any, host: str, name: str, agg: Aggregator | None = No
         check_secure(args, name, agg)
         return
     why = BYPASSING.get(optimizer, f"FedML's {optimizer} does not aggregate through FedAvg's code")
-    raise ValueError(
+    raise ParameterError(
         f"aggregator: {name} cannot take effect with federated_optimizer: {optimizer} in "
         f"{host}: {why}, so {name} would be silently unused. Use federated_optimizer: "
         f"{WRAPPED_OPTIMIZER} with aggregator: {name}, or remove aggregator to run {optimizer} "
@@ -107,20 +108,20 @@ def check_secure(args: Any, name: str, agg: Aggregator) -> None:
     """``federated_optimizer: LSA`` with ``aggregator: name``: what it needs, or why not."""
     reason = agg.secure_refusal()
     if reason is not None:
-        raise ValueError(
+        raise ParameterError(
             f"aggregator: {name} cannot run under federated_optimizer: LSA: {reason}. Those "
             "that can: fedavg, fedavgm, fedloss, fedloss_n (without update_clip)"
         )
     for key in ("checkpoint_dir", "resume_from"):
         if getattr(args, key, None):
-            raise ValueError(
+            raise ParameterError(
                 f"{key} cannot take effect with federated_optimizer: LSA (FedML's LightSecAgg "
                 "server has no checkpoint of its own and fedbalance does not add one): remove it"
             )
     for key in ("prime_number", "precision_parameter"):
         value = getattr(args, key, None)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(
+            raise ParameterError(
                 f"federated_optimizer: LSA needs {key} (a positive int; e.g. prime_number: "
                 f"1073741789, precision_parameter: 20), got {value!r}"
             )
@@ -131,14 +132,14 @@ def settings(args: Any) -> tuple[str, dict[str, Any]] | None:
     if name is None or (isinstance(name, str) and not name.strip()):
         return None
     if not isinstance(name, str):
-        raise ValueError(f"aggregator must be a fedbalance plugin name, got {name!r}")
+        raise ParameterError(f"aggregator must be a fedbalance plugin name, got {name!r}")
     extra = getattr(args, "aggregator_args", None) or {}
     # FedML read the YAML: bound what it built (aliases) before anything formats it.
     from fl_adapters.inputs import brief, check_tree
 
     check_tree(extra, "aggregator_args")
     if not isinstance(extra, dict):
-        raise ValueError(f"aggregator_args must be a mapping, got {brief(extra)}")
+        raise ParameterError(f"aggregator_args must be a mapping, got {brief(extra)}")
     return name.strip(), extra
 
 
@@ -214,7 +215,7 @@ def aggregate(model_list: list[tuple[Any, Any]], global_params: Any) -> OrderedD
     result = agg.aggregate(clean_params(global_params), updates, host=STATE["host"])
     params = result.params
     if isinstance(params, torch.Tensor):  # cannot happen for a state dict input
-        raise TypeError("FedML parameters must be a state dict")
+        raise ParameterError("FedML parameters must be a state dict")
     return OrderedDict(params.items())
 
 
@@ -254,7 +255,7 @@ def validate(args: Any) -> None:
     agg = get_registry().make_aggregator(chosen[0], **chosen[1])
     mode = (str(getattr(args, "training_type", "")), str(getattr(args, "backend", "")))
     if mode not in HOSTS:
-        raise ValueError(
+        raise ParameterError(
             f"fedbalance aggregators run in FedML modes {sorted(HOSTS)}; got training_type/backend {mode}"
         )
     check_optimizer(args, HOSTS[mode], chosen[0], agg)
@@ -266,7 +267,7 @@ def validate(args: Any) -> None:
     check_resume(args)
     if getattr(agg, "mediated", False) and HOSTS[mode] in ("fedml-cross-silo", "fedml-mpi"):
         if getattr(agg, "mediator_epochs", 1) != 1:
-            raise ValueError(
+            raise ParameterError(
                 f"aggregator_args: mediator_epochs must be 1 in FedML {HOSTS[mode]} (each "
                 "process trains once a round, as FedML's client counts rounds), got "
                 f"{agg.mediator_epochs}"
@@ -312,13 +313,13 @@ def check_world_size(args: Any, mode: tuple[str, str]) -> None:
     else:
         workers = int(getattr(args, "worker_num", per_round))
         if workers != per_round:
-            raise ValueError(
+            raise ParameterError(
                 f"FedML cross-silo: worker_num ({workers}) must equal client_num_per_round "
                 f"({per_round}); every silo trains every round"
             )
         expected, rule = workers + 1, f"worker_num + 1 = {workers + 1}"
     if world != expected:
-        raise ValueError(
+        raise ParameterError(
             f"FedML {mode[0]} over MPI needs {rule} processes (one server + one per client), "
             f"but mpirun started {world}: run `mpirun -np {expected} ...` or change the config"
         )

@@ -47,6 +47,7 @@ from fl_adapters.astraea import (
 )
 from fl_adapters.fedml.payload import KEY_RAD, KEY_ROUND, attach, strip
 from fl_aggregators.astraea import Astraea
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +206,7 @@ class SiloAstraea:
 
     def __init__(self, aggregator: Astraea, train_data: dict[int, Any], num_clients: int) -> None:
         if aggregator.mediator_epochs != 1:
-            raise ValueError(
+            raise ParameterError(
                 "astraea in FedML's MPI modes needs mediator_epochs: 1 (each process trains "
                 f"once a round, as FedML's client counts rounds), got {aggregator.mediator_epochs}"
             )

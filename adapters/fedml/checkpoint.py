@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, refuse_changes
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def _path(args: Any, field: str) -> Path | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if not isinstance(value, (str, Path)):
-        raise ValueError(f"{field} must be a directory path, got {value!r}")
+        raise ParameterError(f"{field} must be a directory path, got {value!r}")
     return Path(value).expanduser()
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 # Moved to the host-free module (the Flower runner uses it too); kept importable from here.
 from fl_adapters.processes import free_ports as free_ports
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,10 @@ def read_ipconfig(path: str | Path) -> dict[int, tuple[str, int]]:
             rows = list(reader)
             fieldnames = list(reader.fieldnames or ())
     except OSError as e:
-        raise ValueError(f"comm_args: grpc_ipconfig_path {path} cannot be read ({e})") from e
+        raise ParameterError(f"comm_args: grpc_ipconfig_path {path} cannot be read ({e})") from e
     missing = [h for h in HEADER if h not in fieldnames]
     if missing:
-        raise ValueError(
+        raise ParameterError(
             f"{path}: a FedML gRPC ipconfig needs the header {','.join(HEADER)} and one row per "
             f"rank; missing column(s) {', '.join(missing)}"
         )
@@ -54,14 +55,16 @@ def read_ipconfig(path: str | Path) -> dict[int, tuple[str, int]]:
         try:
             eid, rank, port = int(row["eid"]), int(row["rank"]), int(row["grpc_server_port"])
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{path} line {line}: eid, rank and port must be integers") from e
+            raise ParameterError(f"{path} line {line}: eid, rank and port must be integers") from e
         if eid != rank:
             # FedML addresses a receiver by its rank but files rows under their eid.
-            raise ValueError(f"{path} line {line}: eid ({eid}) must equal rank ({rank})")
+            raise ParameterError(f"{path} line {line}: eid ({eid}) must equal rank ({rank})")
         if rank in out:
-            raise ValueError(f"{path} line {line}: rank {rank} is listed twice")
+            raise ParameterError(f"{path} line {line}: rank {rank} is listed twice")
         if not 0 < port < 65536:
-            raise ValueError(f"{path} line {line}: grpc_server_port must be 1..65535, got {port}")
+            raise ParameterError(
+                f"{path} line {line}: grpc_server_port must be 1..65535, got {port}"
+            )
         out[rank] = (str(row["grpc_server_ip"]), port)
     return out
 
@@ -112,7 +115,7 @@ def check_grpc(args: Any) -> None:
     require_grpcio()
     path = getattr(args, "grpc_ipconfig_path", None)
     if not path:
-        raise ValueError(
+        raise ParameterError(
             "FedML cross-silo over gRPC needs comm_args: grpc_ipconfig_path (a CSV with "
             f"{','.join(HEADER)}, one row per rank, 0 = the server)"
         )
@@ -120,30 +123,30 @@ def check_grpc(args: Any) -> None:
     per_round = int(args.client_num_per_round)
     workers = getattr(args, "worker_num", None)
     if workers is None:
-        raise ValueError(
+        raise ParameterError(
             f"FedML cross-silo over gRPC needs device_args: worker_num (= client_num_per_round "
             f"= {per_round}, the number of silos)"
         )
     workers = int(workers)
     if workers != per_round:
-        raise ValueError(
+        raise ParameterError(
             f"FedML cross-silo: worker_num ({workers}) must equal client_num_per_round "
             f"({per_round}); every silo trains every round"
         )
     expected = list(range(workers + 1))
     if sorted(ranks) != expected:
-        raise ValueError(
+        raise ParameterError(
             f"{path} lists ranks {sorted(ranks)}, but worker_num: {workers} needs exactly "
             f"worker_num + 1 = {workers + 1} ranks {expected} (0 = the server, one per silo)"
         )
     rank = int(getattr(args, "rank", 0))
     if rank not in ranks:
-        raise ValueError(
+        raise ParameterError(
             f"this process has --rank {rank}, which {path} does not list (ranks {expected})"
         )
     role = str(getattr(args, "role", ""))
     if (rank == 0) != (role == "server"):
-        raise ValueError(
+        raise ParameterError(
             f"--rank {rank} --role {role}: rank 0 is the server (--role server), every other "
             "rank a silo (--role client)"
         )
@@ -151,7 +154,7 @@ def check_grpc(args: Any) -> None:
     problem = port_problem(ip, port)
     if problem is not None:
         who = "the server" if rank == 0 else f"silo rank {rank}"
-        raise ValueError(
+        raise ParameterError(
             f"{who}'s gRPC address {ip}:{port} (rank {rank} in {path}) {problem}; stop that "
             f"process or give rank {rank} another grpc_server_port in {path}"
         )

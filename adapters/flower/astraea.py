@@ -63,6 +63,7 @@ from fl_adapters.flower.strategy import FedBalanceStrategy
 from fl_adapters.flower.trainer import TrainFn, partition_id, train_reply
 from fl_aggregators import AggregationResult, ClientUpdate
 from fl_aggregators.astraea import Astraea
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,9 @@ class AstraeaStrategy(FedBalanceStrategy):
     def __init__(self, aggregator: str | Astraea = "astraea", **kwargs: Any) -> None:
         super().__init__(aggregator, mediated=True, **kwargs)
         if not isinstance(self.aggregator, Astraea):
-            raise ValueError(f"AstraeaStrategy needs the astraea aggregator, got {aggregator!r}")
+            raise ParameterError(
+                f"AstraeaStrategy needs the astraea aggregator, got {aggregator!r}"
+            )
         self.astraea: Astraea = self.aggregator
         self.planner: AstraeaPlanner | None = None
         self.round_mediators: list[list[int]] = []

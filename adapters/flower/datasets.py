@@ -39,6 +39,7 @@ from datasets import Dataset
 from flwr_datasets.partitioner import Partitioner as FlowerPartitioner
 
 from fl_partitions import Partition, Partitioner
+from fl_partitions.params import ParameterError
 from fl_partitions.partition import DEFAULT_SPLIT, SPLIT_NAMES
 from fl_partitions.transforms import noise_block
 
@@ -81,11 +82,11 @@ class FedBalancePartitioner(FlowerPartitioner):
             or not np.isfinite(pixel_scale)
             or pixel_scale <= 0
         ):
-            raise ValueError(f"pixel_scale must be a finite float > 0, got {pixel_scale!r}")
+            raise ParameterError(f"pixel_scale must be a finite float > 0, got {pixel_scale!r}")
         if isinstance(num_partitions, bool) or not isinstance(num_partitions, int):
-            raise ValueError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
+            raise ParameterError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
         if num_partitions < 1:
-            raise ValueError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
+            raise ParameterError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
         if isinstance(partitioner, Partitioner):
             self.partitioner = partitioner
         else:
@@ -124,7 +125,7 @@ class FedBalancePartitioner(FlowerPartitioner):
 
     def _check_id(self, partition_id: int) -> int:
         if not 0 <= int(partition_id) < self._num_partitions:
-            raise ValueError(
+            raise ParameterError(
                 f"partition_id must be in [0, {self._num_partitions}), got {partition_id!r}"
             )
         return int(partition_id)
@@ -137,7 +138,7 @@ class FedBalancePartitioner(FlowerPartitioner):
     def load_split(self, partition_id: int, split: str) -> Dataset:
         """One of client ``partition_id``'s local splits: ``train``, ``val`` or ``test``."""
         if split not in SPLIT_NAMES:
-            raise ValueError(f"split must be one of {', '.join(SPLIT_NAMES)}, got {split!r}")
+            raise ParameterError(f"split must be one of {', '.join(SPLIT_NAMES)}, got {split!r}")
         client = self._check_id(partition_id)
         return self._rows(client, self.partition.splits[client][split])
 

@@ -75,6 +75,7 @@ from fl_adapters.flower.config import AGGREGATOR_KEY, WHERE
 from fl_adapters.flower.payload import reply_to_update
 from fl_adapters.flower.strategy import FedBalanceStrategy, log_errors
 from fl_aggregators import ClientUpdate
+from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +301,7 @@ def _kept_model_reply(msg: Message, context: Context) -> Message:
     fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     scale = fitins.config.get(SCALE_KEY)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise ValueError(f"SecAgg+ fit instructions carry no {SCALE_KEY!r}: {fitins.config}")
+        raise ParameterError(f"SecAgg+ fit instructions carry no {SCALE_KEY!r}: {fitins.config}")
     if KEPT not in context.state.array_records:
         raise ValueError("SecAgg+ asked for a model, but this node trained none this round")
     kept = cast(ArrayRecord, context.state.array_records.pop(KEPT))

@@ -38,6 +38,7 @@ from fl_adapters.flower.payload import (
     make_reply,
     to_state_dict,
 )
+from fl_partitions.params import ParameterError
 from fl_partitions.partition import DEFAULT_SPLIT, local_splits
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def client_splits(
     """``data`` as ``{"train", "val", "test"}`` datasets (see the module docstring)."""
     if isinstance(data, Mapping):
         if "train" not in data:
-            raise ValueError(f"data must hold a 'train' dataset, got keys {sorted(data)}")
+            raise ParameterError(f"data must hold a 'train' dataset, got keys {sorted(data)}")
         return data
     seed = stream_seed("flower-split", context.run_config.get(SEED_KEY, 0), partition_id(context))
     parts = local_split(len(data), seed=seed, split=split)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ from fedbalance_benchmarks.flower_app.task import client_data, model_of, train_f
 from fl_adapters.astraea import dataset_tensors
 from fl_adapters.flower.astraea import astraea_query_reply, astraea_train_reply
 from fl_adapters.flower.trainer import evaluate_reply, partition_id
+from fl_partitions.params import ParameterError
 
 app = ClientApp()
 
@@ -19,7 +20,7 @@ app = ClientApp()
 def _client(context: Context) -> int:
     client = partition_id(context)
     if client is None:
-        raise ValueError("this app needs node config 'partition-id' (--node-config)")
+        raise ParameterError("this app needs node config 'partition-id' (--node-config)")
     return client
 
 

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from fl_adapters._training import local_train, stream_seed
 from fl_adapters.config import RunConfig
 from fl_partitions import Partition
+from fl_partitions.params import ParameterError
 from fl_partitions.transforms import NoisyDataset
 
 #: Run-config keys the clients need, forwarded by the ServerApp in each message's config.
@@ -85,7 +86,7 @@ def client_data(config: Mapping[str, Any], client: int) -> dict[str, Dataset[Any
     key = json.dumps({k: config[k] for k in CLIENT_KEYS if k in config}, sort_keys=True)
     train, partition = _data(key)  # built once per process, not once per message
     if not 0 <= client < partition.num_clients:
-        raise ValueError(f"partition-id must be in [0, {partition.num_clients}), got {client}")
+        raise ParameterError(f"partition-id must be in [0, {partition.num_clients}), got {client}")
     return {
         split: NoisyDataset(
             train,
