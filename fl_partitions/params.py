@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -54,15 +53,6 @@ def check_positive_float(name: str, value: object, *, allow_zero: bool = False) 
     v = float(value) if _is_real(value) else math.nan  # type: ignore[arg-type]
     if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
         raise ParameterError(f"{name} must be a finite float {bound}, got {value!r}")
-    return v
-
-
-def check_float_range(name: str, value: Any, low: float, high: float | None) -> float:
-    """A finite number in ``[low, high]`` (``high`` None: no upper bound)."""
-    v = float(value) if _is_real(value) else math.nan
-    if not math.isfinite(v) or v < low or (high is not None and v > high):
-        shown = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ParameterError(f"{name} must be a finite float {shown}, got {value!r}")
     return v
 
 
