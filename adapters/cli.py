@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
 from fl_adapters.autoload import HostNotSupported
 from fl_adapters.inputs import InputError, load_json, load_yaml
-from fl_adapters.registry import get_registry
+from fl_adapters.registry import build_aggregator, get_registry
 from fl_partitions.params import FedbalanceError
 
 if TYPE_CHECKING:
@@ -320,7 +320,7 @@ def plan_of_run(config: RunConfig) -> dict[str, Any]:
         raise UsageError(
             f"--config: aggregator must be astraea to preview a plan, got {config.aggregator!r}"
         )
-    aggregator = get_registry().make_aggregator(config.aggregator, **config.aggregator_args)
+    aggregator = build_aggregator(config.aggregator, config.aggregator_args)
     _, labels, partition = training_data(config)
     classes = image_spec(config.dataset, config.data_dir)[2]  # the hosts count over these
     counts = np.stack([label_counts(labels[s["train"]], classes) for s in partition.splits])

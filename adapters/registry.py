@@ -23,7 +23,7 @@ import contextlib
 import difflib
 import importlib.metadata as md
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,6 +265,17 @@ class Registry:
 
     def as_dict(self) -> dict[str, list[dict[str, str]]]:
         return {kind: [i.as_dict() for i in self.infos(kind)] for kind in KINDS}
+
+
+def build_aggregator(aggregator: Any, args: Mapping[str, Any] | None = None) -> Any:
+    """The one way every host gets its aggregator: an ``Aggregator`` instance as given, or
+    the plugin registered as ``aggregator`` built with ``args`` (an unknown name is an
+    :class:`UnknownPluginError`, a refused argument a ``ParameterError``)."""
+    from fl_aggregators import Aggregator
+
+    if isinstance(aggregator, Aggregator):
+        return aggregator
+    return get_registry().make_aggregator(aggregator, **dict(args or {}))
 
 
 _registry: Registry | None = None

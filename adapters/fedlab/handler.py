@@ -18,19 +18,11 @@ from fedlab.contrib.algorithm.basic_server import SyncServerHandler
 from fedlab.utils import SerializationTool
 
 from fl_adapters.fedlab.payload import unpack
+from fl_adapters.registry import build_aggregator
 from fl_adapters.sampling import sample_round
 from fl_aggregators import AggregationResult, Aggregator, ClientUpdate
 
 log = logging.getLogger(__name__)
-
-
-def make_aggregator(aggregator: str | Aggregator, args: dict[str, Any] | None = None) -> Aggregator:
-    if isinstance(aggregator, Aggregator):
-        return aggregator
-    from fl_adapters.registry import get_registry
-
-    agg: Aggregator = get_registry().make_aggregator(aggregator, **(args or {}))
-    return agg
 
 
 def buffer_to_updates(buffer: list[list[torch.Tensor]]) -> list[ClientUpdate]:
@@ -97,7 +89,7 @@ class FedBalanceServerHandler(SyncServerHandler):
         **kwargs: Any,
     ) -> None:
         super().__init__(model, global_round, sample_ratio, **kwargs)
-        self.aggregator = make_aggregator(aggregator, aggregator_args)
+        self.aggregator: Aggregator = build_aggregator(aggregator, aggregator_args)
         self.host = host
         self.on_round = on_round
         self.rng = random.Random(seed) if seed is not None else None

@@ -452,9 +452,9 @@ def run_client(
     manager_cls: Any = PassiveClientManager
     if is_mediated(config.aggregator):
         from fl_adapters.astraea import label_counts
-        from fl_adapters.registry import get_registry
+        from fl_adapters.registry import build_aggregator
 
-        agg = get_registry().make_aggregator(config.aggregator, **config.aggregator_args)
+        agg = build_aggregator(config.aggregator, config.aggregator_args)
         trainer = AstraeaSerialTrainer(
             exp.model, exp.data, exp.local, agg.mediator_epochs, client_ids=ids
         )

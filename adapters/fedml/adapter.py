@@ -250,9 +250,9 @@ def validate(args: Any) -> None:
     chosen = settings(args)
     if chosen is None:
         return
-    from fl_adapters.registry import get_registry
+    from fl_adapters.registry import build_aggregator
 
-    agg = get_registry().make_aggregator(chosen[0], **chosen[1])
+    agg = build_aggregator(chosen[0], chosen[1])
     mode = (str(getattr(args, "training_type", "")), str(getattr(args, "backend", "")))
     if mode not in HOSTS:
         raise ParameterError(

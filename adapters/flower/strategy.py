@@ -71,23 +71,22 @@ HOST = "flower"
 def make_aggregator(
     aggregator: str | Aggregator, args: Mapping[str, Any] | None, *, mediated: bool = False
 ) -> Aggregator:
-    """A registered aggregator by name (errors name the run-config key) or ``aggregator``.
+    """:func:`~fl_adapters.registry.build_aggregator`, its errors naming the run config's keys.
 
     An Astraea aggregator that trains mediators or rebalances is refused unless ``mediated``
     (the caller is :class:`~fl_adapters.flower.astraea.AstraeaStrategy`).
     """
     if isinstance(aggregator, Aggregator):
         return aggregator
-    from fl_adapters.registry import PluginError, get_registry
+    from fl_adapters.registry import PluginError, build_aggregator, get_registry
 
-    registry = get_registry()
     try:
-        cls = registry.aggregator(aggregator)
+        cls = get_registry().aggregator(aggregator)
     except PluginError as e:
         raise ConfigError(f"{WHERE} {AGGREGATOR_KEY}: {e}") from e
     try:
-        agg: Aggregator = registry.make_aggregator(aggregator, **dict(args or {}))
-    except (TypeError, ValueError) as e:
+        agg: Aggregator = build_aggregator(aggregator, args)
+    except ValueError as e:  # a ParameterError, named by the run config's key
         raise ConfigError(f"{WHERE} {ARGS_KEY} for {cls.name!r}: {e}") from e
     if needs_mediators(agg) and not mediated:
         # Astraea trains mediator chains and rebalances client data; aggregating its replies
