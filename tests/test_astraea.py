@@ -413,3 +413,29 @@ def test_planner_bounds_a_mediators_sample_count_by_its_members_data() -> None:
     most = 9 * 20 + 2 * 7  # each sample of class 9 kept at most ceil(6.3) = 7 times
     assert planner.bound_samples([1], most) == most
     assert planner.bound_samples([1], most + 1) == most
+
+
+def test_a_relay_hop_applies_the_uplink_hook_to_every_member() -> None:
+    """Cross-process Astraea trains a hop's members in one process; each member's report goes
+    through ``uplink_hook`` as in standalone, so attacks and faults run there too."""
+    import copy
+
+    from fl_adapters.fedlab.astraea import AstraeaSerialTrainer, encode_hop
+    from fl_adapters.fedlab.runner import build
+
+    exp = build(astraea_config(rounds=1))
+    seen: list[int] = []
+
+    def zero_update(client: int, received: torch.Tensor, package: list) -> list:  # type: ignore[type-arg]
+        seen.append(client)
+        return [torch.zeros_like(package[0]), package[1]]  # this member sends a zero model
+
+    trainer = AstraeaSerialTrainer(
+        copy.deepcopy(exp.model), exp.data, exp.local, client_ids=[3, 5], uplink_hook=zero_update
+    )
+    params = torch.ones(sum(p.numel() for p in exp.model.parameters()))
+    rad = torch.ones(10)  # digits: ten classes, none rebalanced
+    trainer.local_process([params, rad, encode_hop(0, [3, 5])], [0, 1])
+    assert seen == [3, 5]  # both members, in chain order
+    uploaded = trainer.uplink_package[0][0]
+    assert torch.count_nonzero(uploaded) == 0  # the last member's hooked report is what is sent

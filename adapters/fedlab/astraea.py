@@ -398,6 +398,8 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
         for client in ids:
             self.trace.append((-1, mediator, client))
             package = self.train(client, params, self.rebalanced)
+            if self.uplink_hook is not None:  # what this member would report, as standalone
+                package = self.uplink_hook(client, params, package)
             params, n = package[0], n + int(package[1][1])
         self.cache.append([params, pack_meta(mediator, n, None)])
 
