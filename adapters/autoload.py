@@ -32,15 +32,18 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from fl_adapters.hosts import BUILTIN_HOSTS
+
 DISABLE_ENV = "FEDBALANCE_DISABLE_HOST_AUTOLOAD"
 FORCE_ENV = "FEDBALANCE_FORCE_HOST"
 #: FedLab has no config file: this variable is how a stock FedLab script asks for an aggregator
 FEDLAB_AGGREGATOR_ENV = "FEDBALANCE_AGGREGATOR"
-#: top-level host package -> module whose ``arm()`` adapts it
-HOOKS = {"fedlab": "fl_adapters.fedlab.autoload", "fedml": "fl_adapters.fedml.adapter"}
+#: top-level host package -> module whose ``arm()`` adapts it (the built-in host specs that
+#: arm; a third-party host arms itself)
+HOOKS = {h.name: h.arm for h in BUILTIN_HOSTS if h.arm is not None}
 #: host -> the releases whose internals the adapters were written against
-SUPPORTED = {"fedlab": ("1.3.0",), "fedml": ("0.9.6",)}
-LABELS = {"fedlab": "FedLab", "fedml": "FedML"}
+SUPPORTED = {h.name: h.releases for h in BUILTIN_HOSTS if h.arm is not None}
+LABELS = {h.name: h.label for h in BUILTIN_HOSTS}
 #: host -> why it runs stock in this process (set when fedbalance did not arm it)
 NOT_ARMED: dict[str, str] = {}
 _MISSING = object()

@@ -17,3 +17,10 @@ def fedbalance_aggregators() -> list[type]:
 @hookimpl
 def fedbalance_partitioners() -> list[type]:
     return list(BUILTIN_PARTITIONERS)
+
+
+@hookimpl
+def fedbalance_hosts() -> list[object]:
+    from fl_adapters.hosts import BUILTIN_HOSTS
+
+    return list(BUILTIN_HOSTS)

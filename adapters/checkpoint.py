@@ -26,17 +26,18 @@ from typing import Any
 
 import torch
 
+from fl_adapters import hosts
 from fl_partitions.params import FedbalanceError
 
 FORMAT = "fedbalance-checkpoint"
 VERSION = 1
 NAME = "checkpoint.pt"
 #: Config fields a resumed run may change (a longer run continues a shorter one).
-MAY_CHANGE = ("rounds", "eval_every", "data_dir")
+MAY_CHANGE = hosts.MAY_CHANGE
 
 
 #: How a checkpoint's host is named in messages.
-HOST_LABELS = {"fedlab": "FedLab", "fedml": "FedML", "flower": "Flower"}
+HOST_LABELS = {h.name: h.label for h in hosts.BUILTIN_HOSTS}
 
 
 class CheckpointError(FedbalanceError, ValueError):

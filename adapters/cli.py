@@ -154,16 +154,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def require_host(config: Any) -> None:
-    """Stop before anything runs when fedbalance cannot serve the installed host version."""
-    if config.framework.startswith("flower"):
-        try:
-            import fl_adapters.flower  # noqa: F401 - the import checks flwr's version
-        except ImportError as e:  # flwr absent: say what to install, exit 2 like a bad version
-            raise HostNotSupported(str(e)) from e
-        return
-    from fl_adapters.autoload import require_host as require
-
-    require(config.framework.split("-")[0])  # fedlab-distributed -> fedlab, fedml-sp -> fedml
+    """Stop before anything runs when fedbalance cannot serve the installed host release."""
+    get_registry().host_for(config.framework).require()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -194,28 +186,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run(config: Any, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The run on its host (``out`` claimed)."""
-    if config.framework == "fedlab":
-        from fl_adapters.fedlab.runner import run_standalone
+    from fl_adapters.hosts import RunOptions
 
-        summary = run_standalone(config, out, progress=not args.no_progress, resume=args.resume)
-    elif config.framework == "fedlab-distributed":
-        from fl_adapters.fedlab.runner import run_distributed
-
-        summary = run_distributed(
-            config,
-            out,
-            client_processes=args.processes,
-            config_path=Path(args.config),
-            resume=args.resume,
-        )
-    elif config.framework.startswith("flower"):
-        from fl_adapters.flower.runner import run_flower
-
-        summary = run_flower(config, out, resume=args.resume)
-    else:
-        from fl_adapters.fedml.runner import run_fedml
-
-        summary = run_fedml(config, out, resume=args.resume)
+    options = RunOptions(
+        progress=not args.no_progress,
+        resume=args.resume,
+        processes=args.processes,
+        config_path=Path(args.config),
+    )
+    summary: dict[str, Any] = get_registry().host_for(config.framework).run(config, out, options)
     return summary
 
 

@@ -10,20 +10,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from fl_adapters.hosts import BUILTIN_HOSTS
 from fl_adapters.inputs import InputError, brief, check_tree, load_yaml
 from fl_partitions.params import FedbalanceError, ParameterError
 
-FRAMEWORKS = (
-    "fedlab",
-    "fedlab-distributed",
-    "fedml-sp",
-    "fedml-mpi",
-    "fedml-cross-silo",
-    # Flower 1.41, in Flower's own environment: its simulation engine, or a deployment of
-    # flower-superlink + one flower-supernode per client on 127.0.0.1.
-    "flower",
-    "flower-deployment",
-)
 DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
 MODELS = ("thesis_cnn", "astraea_cnn")
 OPTIMIZERS = ("adam", "sgd")
@@ -109,7 +99,12 @@ class RunConfig:
     backend: str = "mpi"
 
     def __post_init__(self) -> None:
-        _choice("framework", self.framework, FRAMEWORKS)
+        # The framework values the registered hosts serve (fl_adapters.hosts); the plugins
+        # are loaded only for a framework no built-in host serves.
+        if not any(self.framework in h.frameworks for h in BUILTIN_HOSTS):
+            from fl_adapters.registry import get_registry
+
+            _choice("framework", self.framework, tuple(get_registry().frameworks()))
         if isinstance(self.dataset, str) and self.dataset.startswith("npy:"):
             if not self.dataset[4:]:
                 raise ConfigError("dataset npy:PATH needs a path, e.g. npy:data/mine.npz")

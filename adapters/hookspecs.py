@@ -6,11 +6,13 @@ A plugin is a module (or object) with ``@hookimpl`` functions, advertised under 
     [project.entry-points.fedbalance]
     myplugin = "my_package.fedbalance_plugin"
 
-Each discovery hook returns a list of classes; the registry merges them into a name -> class
-table and rejects duplicate names.
+Each discovery hook returns a list of classes (hosts: of :class:`~fl_adapters.hosts.HostSpec`
+objects); the registry merges them into a name -> plugin table and rejects duplicate names.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pluggy
 
@@ -28,3 +30,8 @@ def fedbalance_aggregators() -> list[type]:  # type: ignore[empty-body]
 @hookspec
 def fedbalance_partitioners() -> list[type]:  # type: ignore[empty-body]
     """Return partitioner classes (subclasses of ``fl_partitions.Partitioner``)."""
+
+
+@hookspec
+def fedbalance_hosts() -> list[Any]:  # type: ignore[empty-body]
+    """Return host specs (``fl_adapters.hosts.HostSpec``), one per framework served."""

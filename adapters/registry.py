@@ -25,11 +25,12 @@ import importlib.metadata as md
 import inspect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 
 from fl_adapters import builtin, hookspecs
+from fl_adapters.hosts import HostSpec
 from fl_partitions.base import Partitioner
 from fl_partitions.builtin import make_partitioner
 from fl_partitions.params import FedbalanceError, ParameterError
@@ -37,7 +38,7 @@ from fl_partitions.params import FedbalanceError, ParameterError
 GROUP = "fedbalance"
 DISTRIBUTION = "fedbalance"
 DISABLE_ENV = "FEDBALANCE_DISABLE_PLUGIN_AUTOLOAD"
-KINDS = ("aggregators", "partitioners")
+KINDS = ("aggregators", "partitioners", "hosts")
 #: The built-ins' plugin name (an entry-point name holds no ":", so no plugin can take it).
 BUILTIN = "fedbalance:builtin"
 HOOKS = tuple(f"fedbalance_{kind}" for kind in KINDS)
@@ -72,6 +73,9 @@ class PluginInfo:
 
     @property
     def description(self) -> str:
+        own = getattr(self.cls, "description", None)  # a host spec says it itself
+        if isinstance(own, str) and own:
+            return own
         doc = (self.cls.__doc__ or "").strip()
         return doc.splitlines()[0].strip() if doc else ""
 
@@ -187,7 +191,23 @@ class Registry:
                 f"{other.cls.__qualname__} ({other.source}) and {cls.__module__}.{cls.__qualname__} "
                 f"({source}); uninstall one of them or rename its plugin"
             )
+        if kind == "hosts":
+            self._check_host(cls, source)
         table[key] = PluginInfo(name=key, cls=cls, source=source)
+
+    def _check_host(self, spec: Any, source: str) -> None:
+        """A host is a :class:`HostSpec` whose ``framework`` values no other host serves."""
+        if not isinstance(spec, HostSpec):
+            raise PluginError(
+                f"fedbalance_hosts() of {source} returned {spec!r}, not a fl_adapters.hosts.HostSpec"
+            )
+        for other in self._tables["hosts"].values():
+            shared = sorted(set(spec.frameworks) & set(cast(HostSpec, other.cls).frameworks))
+            if shared:
+                raise DuplicatePluginError(
+                    f"framework {shared[0]!r} is served by host {other.name!r} ({other.source}) "
+                    f"and host {spec.name!r} ({source}); uninstall one of them"
+                )
 
     # -- lookups ----------------------------------------------------------------------------
     def infos(self, kind: str) -> list[PluginInfo]:
@@ -218,6 +238,23 @@ class Registry:
 
     def partitioner(self, name: str) -> type[Partitioner]:
         return self.get("partitioners", name)
+
+    def hosts(self) -> list[HostSpec]:
+        """Every registered host spec, sorted by name."""
+        return [cast(HostSpec, info.cls) for info in self.infos("hosts")]
+
+    def host_for(self, framework: str) -> HostSpec:
+        """The host spec that serves run config ``framework`` value."""
+        for spec in self.hosts():
+            if framework in spec.frameworks:
+                return spec
+        raise ParameterError(
+            f"framework must be one of {', '.join(self.frameworks())}, got {framework!r}"
+        )
+
+    def frameworks(self) -> list[str]:
+        """Every ``framework`` value some registered host serves."""
+        return [f for spec in self.hosts() for f in spec.frameworks]
 
     def make_partitioner(self, spec: dict[str, Any] | str) -> Partitioner:
         """Build a partitioner (nested ``mixed`` components too) from a spec via this registry."""

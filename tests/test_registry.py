@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -272,7 +273,7 @@ def test_list_json_shape(with_entry_points, capsys) -> None:  # type: ignore[no-
     )
     assert main(["list", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"aggregators", "partitioners"}
+    assert set(doc) == {"aggregators", "partitioners", "hosts"}
     for entry in doc["partitioners"]:
         assert set(entry) == {"name", "description", "source"} and entry["description"]
     assert {
@@ -390,3 +391,50 @@ def test_a_plugins_own_refusal_becomes_a_parameter_error_naming_it(with_entry_po
         registry.make_aggregator("picky", level=9)
     assert "level must be at most 3, got 9" in str(info.value)
     assert isinstance(info.value.__cause__, ValueError)  # the plugin's own error, chained
+
+
+TOY_HOST = Path(__file__).parent / "plugins" / "toy_host.py"
+
+
+def test_a_fourth_host_is_one_module_and_one_entry_point(
+    with_entry_points, tmp_path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """``tests/plugins/toy_host.py`` registers a host spec through ``fedbalance_hosts``: the
+    config accepts its framework, ``fedbalance run`` runs it, ``fedbalance list`` names it."""
+    from fl_adapters.cli import main
+
+    plugin = _module(TOY_HOST, "fb_toy")
+    with_entry_points(FakeEntryPoint("toy", "fb_toy", FakeDist("fb-toy"), plugin))
+    config = tmp_path / "toy.yaml"
+    config.write_text(
+        "framework: toy\ndataset: digits\naggregator: fedloss\nnum_clients: 6\n"
+        "clients_per_round: 3\nrounds: 4\nseed: 1\n"
+    )
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert all(len(r["clients"]) == 3 and sum(r["weights"]) == pytest.approx(1) for r in rows)
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"]  # it converges
+    capsys.readouterr()
+    assert main(["list", "--json"]) == 0
+    hosts = {h["name"]: h["source"] for h in json.loads(capsys.readouterr().out)["hosts"]}
+    assert hosts == {"fedlab": "fedbalance", "fedml": "fedbalance", "flower": "fedbalance",
+                     "toy": "fb-toy"}  # fmt: skip
+    config.write_text("framework: toyy\n")
+    assert main(["run", str(config), "--check"]) == 2
+    assert "framework must be one of" in capsys.readouterr().err  # toy among them
+
+
+def test_two_hosts_serving_one_framework_are_named(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    from fl_adapters.hosts import FEDLAB
+
+    mod = types.ModuleType("fb_clash")
+
+    @hookimpl
+    def fedbalance_hosts() -> list[Any]:
+        return [dataclasses.replace(FEDLAB, name="fedlab2")]
+
+    mod.fedbalance_hosts = fedbalance_hosts  # type: ignore[attr-defined]
+    with_entry_points(FakeEntryPoint("clash", "fb_clash", FakeDist("fb-clash"), mod))
+    with pytest.raises(DuplicatePluginError, match="framework 'fedlab' is served by host 'fedlab'"):
+        Registry()

@@ -19,6 +19,7 @@ import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
 from fl_adapters.autoload import FORCE_ENV, HostNotSupported, forced
+from fl_adapters.hosts import FLOWER
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on use
     from fl_adapters.flower.astraea import (
@@ -36,8 +37,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         train_reply,
     )
 
-#: The Flower releases this adapter was written and tested against (``major.minor``).
-SUPPORTED = "1.41"
+#: The Flower release this adapter was written and tested against (``major.minor``).
+SUPPORTED = FLOWER.releases[0]
 
 
 def flwr_version() -> str | None:

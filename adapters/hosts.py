@@ -1,0 +1,142 @@
+"""A host is one spec: what fedbalance needs to know to serve a federated-learning framework.
+
+Each :class:`HostSpec` names the host, the ``framework`` values of a run config it serves, the
+releases it supports, how ``fedbalance run`` runs (and resumes) it, how the installed release
+is checked, which module arms it inside a stock deployment, and which config keys a resumed
+run may change. The CLI, the run config's validation and the autoload read the specs; a host
+is registered through the ``fedbalance_hosts`` hook (:mod:`fl_adapters.hookspecs`), the three
+built-in ones directly (:data:`BUILTIN_HOSTS`), so a fourth host is one package and one
+entry-point line.
+
+This module imports no host and nothing heavy: the autoload reads it at interpreter start. The
+built-in specs live here rather than in their subpackages because importing
+``fl_adapters.flower`` *is* the check of the installed flwr (it raises where flwr is absent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fl_adapters.config import RunConfig
+
+#: ``fedbalance run`` config fields a resumed run may change (a longer run continues a
+#: shorter one); the same on every built-in host.
+MAY_CHANGE = ("rounds", "eval_every", "data_dir")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``fedbalance run`` was asked to run, beyond the config."""
+
+    progress: bool = True
+    resume: bool = False
+    #: Client processes of a multi-process mode that takes the count from the command line.
+    processes: int = 2
+    #: The config file, for modes that start processes reading it.
+    config_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One host fedbalance serves (see the module docstring)."""
+
+    #: Registry name, also what a checkpoint records as its host.
+    name: str
+    #: How messages name it.
+    label: str
+    #: The ``framework`` values of a run config this host serves.
+    frameworks: tuple[str, ...]
+    #: The releases it supports, as its version strings start.
+    releases: tuple[str, ...]
+    #: ``run(config, out, options) -> summary``: one ``fedbalance run`` in the claimed ``out``.
+    run: Callable[[RunConfig, Path, RunOptions], dict[str, Any]]
+    #: Raises ``HostNotSupported`` (or ``ImportError``) where the installed host cannot be served.
+    require: Callable[[], None] = lambda: None
+    #: The module whose ``arm()`` adapts the host when it is imported (``None``: nothing to arm).
+    arm: str | None = None
+    #: Run config fields a resumed run may change.
+    may_change: tuple[str, ...] = MAY_CHANGE
+    #: One line for ``fedbalance list``.
+    description: str = ""
+
+
+def _run_fedlab(config: RunConfig, out: Path, options: RunOptions) -> dict[str, Any]:
+    from fl_adapters.fedlab.runner import run_distributed, run_standalone
+
+    if config.framework == "fedlab-distributed":
+        return run_distributed(
+            config,
+            out,
+            client_processes=options.processes,
+            config_path=options.config_path,
+            resume=options.resume,
+        )
+    return run_standalone(config, out, progress=options.progress, resume=options.resume)
+
+
+def _run_fedml(config: RunConfig, out: Path, options: RunOptions) -> dict[str, Any]:
+    from fl_adapters.fedml.runner import run_fedml
+
+    return run_fedml(config, out, resume=options.resume)
+
+
+def _run_flower(config: RunConfig, out: Path, options: RunOptions) -> dict[str, Any]:
+    from fl_adapters.flower.runner import run_flower
+
+    return run_flower(config, out, resume=options.resume)
+
+
+def _require(host: str) -> Callable[[], None]:
+    def require() -> None:
+        from fl_adapters.autoload import require_host
+
+        require_host(host)
+
+    return require
+
+
+def _require_flower() -> None:
+    from fl_adapters.autoload import HostNotSupported
+
+    try:
+        import fl_adapters.flower  # noqa: F401 - the import checks flwr's version
+    except ImportError as e:  # flwr absent: say what to install, exit 2 like a bad version
+        raise HostNotSupported(str(e)) from e
+
+
+FEDLAB = HostSpec(
+    name="fedlab",
+    label="FedLab",
+    frameworks=("fedlab", "fedlab-distributed"),
+    releases=("1.3.0",),
+    run=_run_fedlab,
+    require=_require("fedlab"),
+    arm="fl_adapters.fedlab.autoload",
+    description="FedLab: standalone pipeline and DistNetwork processes",
+)
+FEDML = HostSpec(
+    name="fedml",
+    label="FedML",
+    frameworks=("fedml-sp", "fedml-mpi", "fedml-cross-silo"),
+    releases=("0.9.6",),
+    run=_run_fedml,
+    require=_require("fedml"),
+    arm="fl_adapters.fedml.adapter",
+    description="FedML: sp simulation, MPI simulation, cross-silo over MPI or gRPC",
+)
+FLOWER = HostSpec(
+    name="flower",
+    label="Flower",
+    # Flower in its own environment: the simulation engine, or flower-superlink and one
+    # flower-supernode per client on 127.0.0.1.
+    frameworks=("flower", "flower-deployment"),
+    releases=("1.41",),
+    run=_run_flower,
+    require=_require_flower,
+    description="Flower: simulation and deployment engines (its own environment)",
+)
+BUILTIN_HOSTS = (FEDLAB, FEDML, FLOWER)
