@@ -537,12 +537,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*pynvml.*", category=FutureWarning)
     try:
         return int(args.func(args))
-    except USER_ERRORS as e:
-        print(f"fedbalance {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except RunFailed as e:  # the run itself failed (a process died, a host exited): exit 1
         print(f"fedbalance {args.command}: failed: {e}", file=sys.stderr)
         return 1
+    except USER_ERRORS as e:  # before anything ran: what the user gave (RunFailed is one too)
+        print(f"fedbalance {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

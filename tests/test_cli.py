@@ -288,3 +288,15 @@ def test_a_bad_parameter_is_one_line_and_a_bug_keeps_its_traceback(
     monkeypatch.setattr(cli, "get_registry", Broken)
     with pytest.raises(ValueError, match="a bug in fedbalance"):
         main(["list"])
+
+
+def test_a_run_that_fails_once_started_exits_1_not_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RunFailed is one of fedbalance's errors, but it says the run broke, not the input."""
+    import fl_adapters.cli as cli
+    from fl_adapters.config import RunFailed
+
+    def dies() -> None:
+        raise RunFailed("client process 1 was killed by signal 9 after round 2")
+
+    monkeypatch.setattr(cli, "get_registry", dies)
+    assert main(["list"]) == 1
