@@ -101,6 +101,13 @@ def _entry_points() -> list[tuple[str, Any]]:
     return found
 
 
+def _where(plugin: Any) -> str:
+    """Where a registered class (or a host spec, an object) was defined."""
+    if isinstance(plugin, type):
+        return f"{plugin.__module__}.{plugin.__qualname__}"
+    return f"{type(plugin).__name__} {getattr(plugin, 'name', '?')!r}"
+
+
 def _hook_hint(name: str) -> str:
     close = difflib.get_close_matches(name, HOOKS, n=1, cutoff=0.6)
     return f"did you mean {close[0]!r}? " if close else ""
@@ -187,9 +194,9 @@ class Registry:
         if key in table and table[key].cls is not cls:
             other = table[key]
             raise DuplicatePluginError(
-                f"{kind[:-1]} name {name!r} is registered twice: {other.cls.__module__}."
-                f"{other.cls.__qualname__} ({other.source}) and {cls.__module__}.{cls.__qualname__} "
-                f"({source}); uninstall one of them or rename its plugin"
+                f"{kind[:-1]} name {name!r} is registered twice: {_where(other.cls)} "
+                f"({other.source}) and {_where(cls)} ({source}); uninstall one of them or rename "
+                "its plugin"
             )
         if kind == "hosts":
             self._check_host(cls, source)

@@ -438,3 +438,18 @@ def test_two_hosts_serving_one_framework_are_named(with_entry_points) -> None:  
     with_entry_points(FakeEntryPoint("clash", "fb_clash", FakeDist("fb-clash"), mod))
     with pytest.raises(DuplicatePluginError, match="framework 'fedlab' is served by host 'fedlab'"):
         Registry()
+
+
+def test_a_host_named_like_a_builtin_is_named_with_both(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    from fl_adapters.hosts import FEDLAB
+
+    mod = types.ModuleType("fb_twin")
+
+    @hookimpl
+    def fedbalance_hosts() -> list[Any]:
+        return [dataclasses.replace(FEDLAB, frameworks=("fedlab-twin",))]
+
+    mod.fedbalance_hosts = fedbalance_hosts  # type: ignore[attr-defined]
+    with_entry_points(FakeEntryPoint("twin", "fb_twin", FakeDist("fb-twin"), mod))
+    with pytest.raises(DuplicatePluginError, match="host name 'fedlab' is registered twice"):
+        Registry()
