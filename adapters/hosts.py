@@ -2,8 +2,8 @@
 
 Each :class:`HostSpec` names the host, the ``framework`` values of a run config it serves, the
 releases it supports, how ``fedbalance run`` runs (and resumes) it, how the installed release
-is checked, which module arms it inside a stock deployment, and which config keys a resumed
-run may change. The CLI, the run config's validation and the autoload read the specs; a host
+is checked and which module arms it inside a stock deployment (a resumed run may change the
+same config keys on every host: :data:`MAY_CHANGE`). The CLI, the run config's validation and the autoload read the specs; a host
 is registered through the ``fedbalance_hosts`` hook (:mod:`fl_adapters.hookspecs`), the three
 built-in ones directly (:data:`BUILTIN_HOSTS`), so a fourth host is one package and one
 entry-point line.
@@ -58,8 +58,6 @@ class HostSpec:
     require: Callable[[], None] = lambda: None
     #: The module whose ``arm()`` adapts the host when it is imported (``None``: nothing to arm).
     arm: str | None = None
-    #: Run config fields a resumed run may change.
-    may_change: tuple[str, ...] = MAY_CHANGE
     #: One line for ``fedbalance list``.
     description: str = ""
 
