@@ -71,8 +71,58 @@ def watch(
     return failed
 
 
+#: Where :func:`free_ports` looks when the kernel's ephemeral range cannot be read (Linux's
+#: default range starts at 32768).
+EPHEMERAL_RANGE = (32768, 60999)
+#: The lowest port :func:`free_ports` offers: above the registered services most machines run.
+LOWEST_PORT = 10000
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux ``/proc``)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            low, high = (int(v) for v in fh.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return EPHEMERAL_RANGE
+
+
 def free_ports(n: int, ip: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports the kernel reports free on ``ip`` right now."""
+    """``n`` distinct ports free on ``ip`` right now, below the kernel's ephemeral range.
+
+    A port the kernel picks for ``bind((ip, 0))`` lies in the ephemeral range, from which
+    every outgoing connection on the machine also takes its local port: between this call and
+    the server's own bind, a client socket (a silo polling for its server, Ray, gRPC) may take
+    it, and the server then fails to start. Below that range a port is taken only by a process
+    that asks for it by number. The scan starts at an offset drawn from the process id and the
+    clock (no result depends on a port), so runs started together look in different places;
+    each port is held bound until all ``n`` are found, so they differ.
+    """
+    low, _ = ephemeral_range()
+    span = low - LOWEST_PORT
+    if span < 4 * n:  # a machine whose ephemeral range starts low: the kernel's choice
+        return _kernel_ports(n, ip)
+    offset = (os.getpid() * 7919 + time.monotonic_ns() // 1000) % span
+    socks: list[socket.socket] = []
+    try:
+        for i in range(span):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((ip, LOWEST_PORT + (offset + i) % span))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            if len(socks) == n:
+                return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+    return _kernel_ports(n, ip)
+
+
+def _kernel_ports(n: int, ip: str) -> list[int]:
     socks = []
     try:
         for _ in range(n):  # held open together, so the n ports differ

@@ -739,10 +739,11 @@ def damaged_checkpoints(work: Path) -> list[list[str]]:
 
 
 def faults(
-    work: Path, fedml: bool = True
+    work: Path, processes: bool = True
 ) -> tuple[list[list[str]], list[list[str]], dict[str, Any]]:
-    """Stop/resume and killed processes (``fedml``: the FedML modes too; the quick run leaves
-    them to ``tests/test_fedml_resume.py``)."""
+    """Stop/resume, and (``processes``) killed processes in FedLab's and FedML's modes. The
+    quick run leaves the killed processes to ``tests/test_resume.py`` and
+    ``tests/test_fedml_resume.py``, which run the same scenarios."""
     rows = []
     for agg, model, args in (
         ("fedavgm", "thesis_cnn", {"beta": 0.9}),
@@ -764,7 +765,11 @@ def faults(
                 else "final model DIFFERS from the uninterrupted run",
             ]
         )
-    port = 33000 + os.getpid() % 2000
+    if not processes:
+        return rows, damaged_checkpoints(work / "damaged"), {}
+    from fl_adapters.processes import free_ports
+
+    (port,) = free_ports(1)
     kill = kill_client_and_resume(work / "kill", fault_config(port=port), kill_after=2)
     rows.append(
         [
@@ -782,7 +787,7 @@ def faults(
         ("fedml-mpi", "mpi", 1, "MPI simulation rank 1 (a worker)"),
         ("fedml-cross-silo", "grpc", 2, "gRPC cross-silo silo 2"),
         ("fedml-cross-silo", "grpc", 0, "gRPC cross-silo server"),
-    )[: 3 if fedml else 0]:
+    ):
         config = fault_config(framework=framework, backend=backend, clients_per_round=2, rounds=5)
         got = fedml_kill_and_resume(work / f"fedml-{framework}-{backend}-{rank}", config, rank, 2)
         kill.setdefault("fedml", []).append({"what": what, **got})
@@ -1014,7 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
 
     shutil.rmtree(runs_dir / "faults", ignore_errors=True)
-    fault_rows, damaged, kill = faults(runs_dir / "faults", fedml=not a.quick)
+    fault_rows, damaged, kill = faults(runs_dir / "faults", processes=not a.quick)
     command = "fedbalance bench reliability " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (
         f"# Reliability on {dataset}: attacks, bad input\n\n"
@@ -1036,6 +1041,11 @@ def main(argv: list[str] | None = None) -> int:
         " weights of the trusting run and this run in the same round.\n\n"
         + markdown_table(QUANTITY_HEADER, quantity_rows)
         + "\n\n## Faults (small runs on scikit-learn's digits)\n\n"
+        + (
+            "`--quick` stops and resumes only; killed processes are the full run's.\n\n"
+            if a.quick
+            else ""
+        )
         + markdown_table(["fault", "setting", "what happened", "result"], fault_rows)
         + "\n\nResuming from a damaged or tampered checkpoint (read with"
         " `torch.load(weights_only=True)`, never unpickled):\n\n"

@@ -9,15 +9,17 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fl_adapters.registry import Registry
+from fl_adapters.registry import get_registry
 from fl_aggregators import ClientUpdate
 
-AGGREGATORS = Registry().names("aggregators")
+AGGREGATORS = get_registry().names("aggregators")
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def make(name: str, **args: object):  # type: ignore[no-untyped-def]
-    return Registry().make_aggregator(name, **args)
+    # The process's registry: loading a fresh one per call (entry points read again) made these
+    # property tests take minutes.
+    return get_registry().make_aggregator(name, **args)
 
 
 #: Arguments that make a server take the whole averaged step: FedAvgM's default server_lr (0.3)

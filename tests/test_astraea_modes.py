@@ -25,6 +25,7 @@ import yaml
 from helpers import digits_run, records
 
 from fl_adapters.astraea import MediatorRelay, run_mediator
+from fl_adapters.processes import free_ports
 
 HOSTS = Path(__file__).parent / "hosts"
 EXAMPLE = Path(__file__).resolve().parents[1] / "benchmarks" / "fedml_example"
@@ -39,7 +40,8 @@ SAME = ("round", "clients", "num_samples", "weights", "mediators", "kl", "bytes"
 
 
 def port() -> int:
-    return 30000 + os.getpid() % 2000
+    """A free port below the ephemeral range (outgoing sockets cannot take it meanwhile)."""
+    return free_ports(1)[0]
 
 
 # -- the relay ------------------------------------------------------------------------------------
@@ -178,7 +180,7 @@ def run_stock_distnetwork(
     tmp_path: Path, world: int, rounds: int, args: str, single: bool = False
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The stock server and client scripts, armed by the environment; their records."""
-    p = str(port() + 7 + world)
+    p = str(port())
     base = {
         **os.environ,
         "FEDBALANCE_AGGREGATOR": "astraea",
@@ -317,7 +319,7 @@ def client_pids(config_path: Path, rank: int | None = None) -> list[int]:
 
 @pytest.mark.slow
 def test_a_client_process_dying_in_a_mediator_chain_stops_the_run(tmp_path: Path) -> None:
-    cfg = astraea_config(framework="fedlab-distributed", rounds=30, port=port() + 11)
+    cfg = astraea_config(framework="fedlab-distributed", rounds=30, port=port())
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     out = tmp_path / "out"

@@ -20,6 +20,7 @@ from fl_adapters.config import RunConfig
 from fl_adapters.fedlab import FedBalancePartitioner, FedBalanceServerHandler, PartitionedDataset
 from fl_adapters.fedlab.payload import pack_meta, unpack
 from fl_adapters.fedlab.runner import run_distributed, run_standalone
+from fl_adapters.processes import free_ports
 from fl_partitions import make_partitioner
 
 HOSTS = Path(__file__).parent / "hosts"
@@ -66,7 +67,7 @@ def test_training_actually_learns(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_cross_process_matches_standalone_in_round_one(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    cfg = tiny_config(port=29000 + os.getpid() % 2000)
+    cfg = tiny_config(port=free_ports(1)[0])
     monkeypatch.setenv("FEDBALANCE_RECORD", str(tmp_path / "standalone.jsonl"))
     run_standalone(cfg, tmp_path / "sa", progress=False)
     monkeypatch.setenv("FEDBALANCE_RECORD", str(tmp_path / "dist.jsonl"))

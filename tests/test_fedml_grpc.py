@@ -31,6 +31,7 @@ pytest.importorskip("grpc")
 
 from fl_adapters.config import ConfigError, RunConfig  # noqa: E402
 from fl_adapters.fedml.ipconfig import check_grpc, free_ports, write_ipconfig  # noqa: E402
+from fl_adapters.processes import watch  # noqa: E402
 
 FINAL_MODEL_HOST = Path(__file__).parent / "hosts" / "fedml_final_model.py"
 #: Three processes share two cores here; one torch thread each is faster, and makes every run
@@ -87,13 +88,14 @@ def launch(
 
 
 def finish(procs: dict[int, subprocess.Popen[str]], tmp_path: Path, timeout: float = 300) -> str:
-    """Wait for every rank; fail with the logs if one did not exit with 0. Returns the logs."""
-    deadline = time.monotonic() + timeout
-    for p in procs.values():
-        p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    """Wait for every rank; fail with the logs as soon as one fails. Returns the server's log.
+
+    A rank that dies leaves the others waiting for it (a silo for its server up to
+    ``grpc_server_wait``), so the first failure stops them all (``processes.watch``).
+    """
+    failed = watch([(f"rank {r}", p) for r, p in procs.items()], timeout)
     logs = {r: (tmp_path / f"rank{r}.log").read_text() for r in procs}
-    codes = {r: p.returncode for r, p in procs.items()}
-    assert not any(codes.values()), (codes, {r: t[-2000:] for r, t in logs.items()})
+    assert failed is None, (failed, {r: t[-2000:] for r, t in logs.items()})
     return logs[0]
 
 

@@ -30,6 +30,7 @@ from fl_adapters.checkpoint import Checkpoint, CheckpointError
 from fl_adapters.cli import main
 from fl_adapters.config import RunConfig
 from fl_adapters.fedlab.runner import run_standalone
+from fl_adapters.processes import free_ports
 
 
 def config(**overrides: object) -> RunConfig:
@@ -150,7 +151,7 @@ def test_cli_resume_without_a_checkpoint_exits_2(tmp_path: Path, capsys) -> None
 
 @pytest.mark.slow
 def test_killed_client_process_loses_nothing_and_the_run_resumes(tmp_path: Path) -> None:
-    port = 31000 + os.getpid() % 2000
+    (port,) = free_ports(1)
     got = kill_client_and_resume(tmp_path, fault_config(port=port), kill_after=2)
     assert got["client_processes"] == 2 and got["launcher_exit"] == 1
     assert "client process rank" in got["launcher_error"]
