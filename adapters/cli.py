@@ -13,7 +13,7 @@ import random
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -347,14 +347,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value: int | None = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            got = repr(text) if value is None else value
+            raise argparse.ArgumentTypeError(f"must be an int >= {minimum}, got {got}")
+        return value
+
+    return parse
+
+
+positive_int, non_negative_int = int_at_least(1), int_at_least(0)
 
 
 def optional_float(text: str) -> float | None:
@@ -364,16 +373,6 @@ def optional_float(text: str) -> float | None:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number or 'none', got {text!r}") from None
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

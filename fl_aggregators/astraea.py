@@ -28,25 +28,11 @@ from typing import Any, ClassVar
 
 from fl_aggregators.astraea_plan import check_count_clip, check_tau_d
 from fl_aggregators.fedavg import FedAvg
-from fl_partitions.params import ParameterError
+from fl_partitions.params import ParameterError, check_flag, check_int_range, check_positive_int
 
 #: Largest ``mediator_epochs``: every pass trains each member again, so the round's work
 #: grows with it (the paper passes once).
 MAX_MEDIATOR_EPOCHS = 100
-
-
-def _positive_int(name: str, value: Any, meaning: str, high: int | None = None) -> int:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    if not ok or (high is not None and value > high):
-        allowed = ">= 1" if high is None else f"in [1, {high}]"
-        raise ParameterError(f"{name} must be an int {allowed} ({meaning}), got {value!r}")
-    return int(value)
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ParameterError(f"{name} must be true or false, got {value!r}")
-    return value
 
 
 def _augment(value: Any) -> tuple[bool, str]:
@@ -84,15 +70,16 @@ class Astraea(FedAvg):
         self.tau_d = check_tau_d(tau_d)
         self.count_clip = check_count_clip(count_clip)
         # gamma needs no ceiling: a mediator never holds more than the round's clients.
-        self.gamma = _positive_int("gamma", gamma, "max clients per mediator")
-        self.mediator_epochs = _positive_int(
+        self.gamma = check_positive_int("gamma", gamma, note="max clients per mediator")
+        self.mediator_epochs = check_int_range(
             "mediator_epochs",
             mediator_epochs,
-            "passes of a mediator over its clients per round",
+            1,
             MAX_MEDIATOR_EPOCHS,
+            note="passes of a mediator over its clients per round",
         )
         self.augment, self.augment_rule = _augment(augment)
-        self.mediators = _flag("mediators", mediators)
+        self.mediators = check_flag("mediators", mediators)
         self._annotations: dict[str, Any] = {}
 
     @property

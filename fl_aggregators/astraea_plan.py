@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fl_partitions.params import ParameterError
+from fl_partitions.params import ParameterError, check_float, check_positive_int
 
 
 def _kl_uniform(counts: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -117,28 +117,11 @@ MAX_COUNT_CLIP = 1000.0
 
 def check_tau_d(tau_d: float) -> float:
     low, high = TAU_D_RANGE
-    if (
-        isinstance(tau_d, bool)
-        or not isinstance(tau_d, (int, float))
-        or not math.isfinite(tau_d)
-        or not low <= tau_d <= high
-    ):
-        raise ParameterError(
-            f"tau_d must be a float in [{low:g}, {high:g}] (the paper recommends 3.0-3.5), "
-            f"got {tau_d!r}"
-        )
-    return float(tau_d)
+    return check_float("tau_d", tau_d, low, high, note="the paper recommends 3.0-3.5")
 
 
 def check_count_clip(value: Any) -> float | None:
-    if value is None:
-        return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or not 1 <= value <= MAX_COUNT_CLIP:
-        raise ParameterError(
-            f"count_clip must be None or a float in [1, {MAX_COUNT_CLIP:g}], got {value!r}"
-        )
-    return float(value)
+    return check_float("count_clip", value, 1.0, MAX_COUNT_CLIP, optional=True)
 
 
 def clip_counts(counts: Any, count_clip: float | None) -> NDArray[np.float64]:
@@ -196,8 +179,7 @@ def assign_mediators(counts: Any, gamma: int) -> list[list[int]]:
     Returns the client ids of every mediator in the order they were taken (training order).
     """
     arr = check_counts(counts)
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 1:
-        raise ParameterError(f"gamma must be an int >= 1 (clients per mediator), got {gamma!r}")
+    check_positive_int("gamma", gamma, note="clients per mediator")
     unassigned = list(range(arr.shape[0]))
     mediators: list[list[int]] = []
     while unassigned:

@@ -35,7 +35,6 @@ there are any, so a benchmark can say in which rounds its bounds changed a weigh
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,19 +48,14 @@ from fl_aggregators.functional import (
     weighted_means,
 )
 from fl_aggregators.update import ClientUpdate
-from fl_partitions.params import ParameterError
+from fl_partitions.params import check_float
 
 log = logging.getLogger(__name__)
 
 
 def check_clip(value: float | None, name: str) -> float | None:
     """A bound parameter: ``None`` (off) or a finite float >= 1."""
-    if value is None:
-        return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 1:
-        raise ParameterError(f"{name} must be None or a finite float >= 1, got {value!r}")
-    return float(value)
+    return check_float(name, value, 1.0, optional=True)
 
 
 #: The default ``sample_clip`` where it is on (FedAvg, FedLoss-n): see the module docstring.

@@ -17,7 +17,6 @@ round, so tune both on validation data for another setting.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,20 +24,7 @@ import torch
 
 from fl_aggregators.fedavg import FedAvg
 from fl_aggregators.functional import momentum_step
-from fl_partitions.params import ParameterError
-
-
-def _check_float(name: str, value: Any, low: float, high: float | None) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    try:
-        v = float(value) if ok else math.nan
-    except OverflowError:  # an int beyond a float's range
-        v = math.inf
-    if not ok or not math.isfinite(v) or not (low <= v and (high is None or v < high)):
-        rng = f"[{low}, {high})" if high is not None else f">= {low}"
-        shown = repr(value) if ok else type(value).__name__
-        raise ParameterError(f"{name} must be a finite float in {rng}, got {shown[:80]}")
-    return v
+from fl_partitions.params import ParameterError, check_float
 
 
 class FedAvgM(FedAvg):
@@ -55,8 +41,8 @@ class FedAvgM(FedAvg):
         sample_clip: float | None = None,
     ) -> None:
         super().__init__(update_clip=update_clip, sample_clip=sample_clip)
-        self.beta = _check_float("beta", beta, 0.0, 1.0)
-        self.server_lr = _check_float("server_lr", server_lr, 0.0, None)
+        self.beta = check_float("beta", beta, 0.0, 1.0, high_open=True)
+        self.server_lr = check_float("server_lr", server_lr, 0.0)
         if self.server_lr == 0:
             raise ParameterError(f"server_lr must be > 0, got {server_lr!r}")
         self.velocity: list[torch.Tensor] | None = None

@@ -24,7 +24,7 @@ from fl_aggregators.fedavg import SAMPLE_CLIP, FedAvg, check_clip
 from fl_aggregators.fedloss import FedLoss
 from fl_aggregators.functional import bound_losses, normalize
 from fl_aggregators.update import ClientUpdate
-from fl_partitions.params import ParameterError
+from fl_partitions.params import check_flag, check_float
 
 
 class FedLossN(FedLoss):
@@ -44,12 +44,8 @@ class FedLossN(FedLoss):
     ) -> None:
         super().__init__(loss_clip=loss_clip, peer_clip=peer_clip, update_clip=update_clip)
         self.sample_clip = check_clip(sample_clip, "sample_clip")
-        if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
-            raise ParameterError(f"mix must be a float in [0, 1], got {mix!r}")
-        if not isinstance(size_aware, bool):
-            raise ParameterError(f"size_aware must be true or false, got {size_aware!r}")
-        self.mix = float(mix)
-        self.size_aware = size_aware
+        self.mix = check_float("mix", mix, 0.0, 1.0)
+        self.size_aware = check_flag("size_aware", size_aware)
 
     def client_weights(self, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         sizes = self.bounded_counts(updates)

@@ -247,11 +247,11 @@ def test_all_zero_losses_fall_back_to_fedavg() -> None:
 @pytest.mark.parametrize(
     ("factory", "message"),
     [
-        (lambda: FedAvgM(beta=1.0), "beta must be a finite float in [0.0, 1.0), got 1.0"),
+        (lambda: FedAvgM(beta=1.0), "beta must be a finite float in [0, 1), got 1.0"),
         (lambda: FedAvgM(server_lr=0), "server_lr must be > 0, got 0"),
         (lambda: FedLoss(loss_clip=0.5), "loss_clip must be None or a finite float >= 1, got 0.5"),
         (lambda: FedLoss(peer_clip=0), "peer_clip must be None or a finite float >= 1, got 0"),
-        (lambda: FedLossN(mix=2), "mix must be a float in [0, 1], got 2"),
+        (lambda: FedLossN(mix=2), "mix must be a finite float in [0, 1], got 2"),
     ],
     ids=["beta", "server-lr", "clip", "peer-clip", "mix"],
 )

@@ -117,10 +117,10 @@ def test_one_clients_count_lie_is_bounded() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: plan_rebalance([1, 2], tau_d=0), "tau_d must be a float in [0.01, 100]"),
+        (lambda: plan_rebalance([1, 2], tau_d=0), "tau_d must be a finite float in [0.01, 100]"),
         (
             lambda: plan_rebalance([[1, 2], [3, 4]], count_clip=0.5),
-            "count_clip must be None or a float in [1, 1000], got 0.5",
+            "count_clip must be None or a finite float in [1, 1000], got 0.5",
         ),
         (lambda: plan_rebalance([1, -2]), "class sizes must be >= 2 non-negative finite numbers"),
         (
@@ -176,7 +176,7 @@ def test_cli_plan_rejects_bad_values(tmp_path: Path, capsys) -> None:  # type: i
     assert "--class-counts must be finite and >= 0" in capsys.readouterr().err
     f.write_text("[[1, 2]]")
     assert main(["astraea", "plan", "--class-counts", str(f), "--tau-d", "0"]) == 2
-    assert "tau_d must be a float in [0.01, 100]" in capsys.readouterr().err
+    assert "tau_d must be a finite float in [0.01, 100]" in capsys.readouterr().err
 
 
 def test_the_papers_printed_augmentation_formula_on_request() -> None:

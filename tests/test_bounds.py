@@ -135,10 +135,13 @@ def test_a_partition_call_above_a_ceiling_is_refused_by_name(
             ("mediator_epochs must be an int in [1, 100]", "got 1000000"),
         ),
         ({"mediator_epochs": 101}, ("mediator_epochs", "[1, 100]", "got 101")),
-        ({"tau_d": 1e-3}, ("tau_d must be a float in [0.01, 100]", "got 0.001")),
-        ({"tau_d": 5e-324}, ("tau_d must be a float in [0.01, 100]", "got 5e-324")),
-        ({"tau_d": 1e6}, ("tau_d must be a float in [0.01, 100]", "got 1000000.0")),
-        ({"count_clip": 1e300}, ("count_clip must be None or a float in [1, 1000]", "got 1e+300")),
+        ({"tau_d": 1e-3}, ("tau_d must be a finite float in [0.01, 100]", "got 0.001")),
+        ({"tau_d": 5e-324}, ("tau_d must be a finite float in [0.01, 100]", "got 5e-324")),
+        ({"tau_d": 1e6}, ("tau_d must be a finite float in [0.01, 100]", "got 1000000.0")),
+        (
+            {"count_clip": 1e300},
+            ("count_clip must be None or a finite float in [1, 1000]", "got 1e+300"),
+        ),
     ],
     ids=["epochs-1e6", "epochs-just-above", "tau_d-small", "tau_d-subnormal", "tau_d-huge", "clip"],
 )

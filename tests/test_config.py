@@ -68,7 +68,7 @@ def test_defaults_are_the_thesis_setting() -> None:
         ("aggregator: fedlos\n", "did you mean 'fedloss'?"),
         (
             "aggregator: fedavgm\naggregator_args: {beta: 2}\n",
-            "beta must be a finite float in [0.0, 1.0), got 2",
+            "beta must be a finite float in [0, 1), got 2",
         ),
         ("- just\n- a list\n", "a run config must be a mapping, got list"),
         ("rounds: [\n", "not valid YAML"),

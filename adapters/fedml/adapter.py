@@ -29,11 +29,13 @@ the rest with the host's trainer, and send the loss inside the params payload
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -501,32 +503,48 @@ def _silo_receive(self: Any, original: Any, msg_params: Any) -> Any:
         return original(self, msg_params)
     from fedml.cross_silo.server.message_define import MyMessage
 
+    def pass_on(hop: Any, params: Any) -> None:
+        with _forwarding():
+            self.send_message_sync_model_to_client(hop.owner, params, hop.clients[0])
+
+    sender = _relay(self, astraea, msg_params, MyMessage, pass_on)
+    if sender is None:
+        return None
+    _all_uploaded(self.aggregator, self.aggregator.client_num, self.client_real_ids.index(sender))
+    return original(self, msg_params)
+
+
+def _relay(self: Any, astraea: Any, msg_params: Any, keys: Any, pass_on: Any) -> int | None:
+    """A mediator's model came back to the server (MPI and cross-silo alike): the server plays
+    the mediator and ``pass_on(hop, params)`` sends it to the chain's next client; ``None``
+    until every mediator of the round is done, then the last sender."""
     from fl_adapters.fedml.astraea import with_rad
 
-    sender = int(msg_params.get(MyMessage.MSG_ARG_KEY_SENDER))
-    params = msg_params.get(MyMessage.MSG_ARG_KEY_MODEL_PARAMS)
-    n = int(msg_params.get(MyMessage.MSG_ARG_KEY_NUM_SAMPLES))
-    nxt = astraea.received(sender, params, n)
-    if nxt is not None:  # the server plays the mediator: pass the model on
-        STATE["forwarding"] = True
-        try:
-            self.send_message_sync_model_to_client(
-                nxt.owner,
-                with_rad(params, astraea.planner.rad, self.args.round_idx + 1),
-                nxt.clients[0],
-            )
-        finally:
-            STATE["forwarding"] = False
+    sender = int(msg_params.get(keys.MSG_ARG_KEY_SENDER))
+    params = msg_params.get(keys.MSG_ARG_KEY_MODEL_PARAMS)
+    nxt = astraea.received(sender, params, int(msg_params.get(keys.MSG_ARG_KEY_NUM_SAMPLES)))
+    if nxt is not None:
+        pass_on(nxt, with_rad(params, astraea.planner.rad, self.args.round_idx + 1))
         return None
-    if not astraea.done():
-        return None
-    # Every mediator is done: let FedML aggregate (our wrapper reads the mediators' models),
-    # test and start the next round. Its all-received check wants one flag per silo.
-    me = self.client_real_ids.index(sender)
-    for i in range(self.aggregator.client_num):
-        if i != me:
-            self.aggregator.flag_client_model_uploaded_dict[i] = True
-    return original(self, msg_params)
+    return sender if astraea.done() else None
+
+
+def _all_uploaded(aggregator: Any, count: int, sender: int) -> None:
+    """Every mediator is done: FedML aggregates (our wrapper reads the mediators' models), tests
+    and starts the next round. Its all-received check wants one flag per client process."""
+    for i in range(count):
+        if i != sender:
+            aggregator.flag_client_model_uploaded_dict[i] = True
+
+
+@contextlib.contextmanager
+def _forwarding() -> Iterator[None]:
+    """A model the server passes along a mediator's chain: the send wrappers let it through."""
+    STATE["forwarding"] = True
+    try:
+        yield
+    finally:
+        STATE["forwarding"] = False
 
 
 def _silo_send_sync(
@@ -701,30 +719,17 @@ def _mpi_receive(self: Any, original: Any, msg_params: Any) -> Any:
         return original(self, msg_params)
     from fedml.simulation.mpi.fedavg.message_define import MyMessage
 
-    from fl_adapters.fedml.astraea import with_rad
-
-    sender = int(msg_params.get(MyMessage.MSG_ARG_KEY_SENDER))
-    params = msg_params.get(MyMessage.MSG_ARG_KEY_MODEL_PARAMS)
-    n = int(msg_params.get(MyMessage.MSG_ARG_KEY_NUM_SAMPLES))
-    nxt = astraea.received(sender, params, n)
-    if nxt is not None:  # the server plays the mediator: pass the model on
-        relayed = with_rad(params, astraea.planner.rad, self.args.round_idx + 1)
+    def pass_on(hop: Any, params: Any) -> None:
         if self.args.round_idx == STATE.get("first_round", 0):  # a worker's first message: init
-            self.send_message_init_config(nxt.owner, relayed, nxt.clients[0])
+            self.send_message_init_config(hop.owner, params, hop.clients[0])
         else:
-            STATE["forwarding"] = True
-            try:
-                self.send_message_sync_model_to_client(nxt.owner, relayed, nxt.clients[0])
-            finally:
-                STATE["forwarding"] = False
+            with _forwarding():
+                self.send_message_sync_model_to_client(hop.owner, params, hop.clients[0])
+
+    sender = _relay(self, astraea, msg_params, MyMessage, pass_on)
+    if sender is None:
         return None
-    if not astraea.done():
-        return None
-    # Every mediator is done: FedML aggregates (our wrapper reads the mediators' models), tests
-    # and starts the next round. Its all-received check wants one flag per worker.
-    for i in range(self.aggregator.worker_num):
-        if i != sender - 1:
-            self.aggregator.flag_client_model_uploaded_dict[i] = True
+    _all_uploaded(self.aggregator, self.aggregator.worker_num, sender - 1)
     return original(self, msg_params)
 
 
