@@ -18,7 +18,7 @@ from helpers import digits_run, fedloss_weights, records
 
 from fl_adapters.config import RunConfig
 from fl_adapters.fedlab import FedBalancePartitioner, FedBalanceServerHandler, PartitionedDataset
-from fl_adapters.fedlab.payload import pack_meta, unpack
+from fl_adapters.fedlab.payload import decode, encode
 from fl_adapters.fedlab.runner import run_distributed, run_standalone
 from fl_adapters.processes import free_ports
 from fl_partitions import make_partitioner
@@ -175,11 +175,14 @@ def test_partitioned_dataset_gives_noisy_splits() -> None:
 
 
 def test_payload_round_trip_and_stock_uplink() -> None:
-    up = unpack([torch.ones(3), pack_meta(5, 120, 0.25)])
+    up = decode(encode(torch.ones(3), 5, 120, 0.25))
     assert (up.client_id, up.num_samples, up.metrics) == (5, 120, {"val_loss": 0.25})
-    assert unpack([torch.ones(3), pack_meta(5, 120, None)]).metrics == {}
-    bare = unpack([torch.ones(3)])
-    assert bare.client_id is None and bare.num_samples is None
+    assert torch.equal(up.params, torch.ones(3))
+    assert decode(encode(torch.ones(3), 5, 120)).metrics == {}
+    bare = decode([torch.ones(3)], "#4")  # a stock trainer's: no count, named by its place
+    assert bare.client_id == "#4" and bare.num_samples == 1 and bare.metrics == {}
+    odd = decode([torch.ones(3), torch.tensor([2.5, float("inf"), 0.1])], "#0")
+    assert odd.client_id == "#0" and odd.num_samples == 1
 
 
 def test_handler_rejects_a_poisoned_client_and_keeps_going(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -187,7 +190,7 @@ def test_handler_rejects_a_poisoned_client_and_keeps_going(tmp_path: Path, monke
     h = FedBalanceServerHandler(model, global_round=1, sample_ratio=1.0, aggregator="fedloss")
     good = torch.full_like(h.model_parameters, 0.5)
     bad = torch.full_like(h.model_parameters, float("nan"))
-    h.global_update([[good, pack_meta(0, 10, 1.0)], [bad, pack_meta(1, 10, 1e9)]])
+    h.global_update([encode(good, 0, 10, 1.0), encode(bad, 1, 10, 1e9)])
     assert torch.equal(h.model_parameters, good)
     assert h.last_result is not None and [r.client for r in h.last_result.rejected] == [1]
 

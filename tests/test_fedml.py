@@ -127,7 +127,7 @@ def test_a_typo_stops_the_run_before_training(tmp_path: Path) -> None:
 def test_payload_keys_survive_and_are_stripped() -> None:
     import torch
 
-    from fl_adapters.fedml.payload import KEY_LOSS, attach, strip
+    from fl_adapters.fedml.payload import KEY_LOSS, attach, decode, strip
 
     params = {"w": torch.ones(2), "n": torch.tensor(3)}
     sent = attach(params, client=7, val_loss=0.25)
@@ -138,6 +138,11 @@ def test_payload_keys_survive_and_are_stripped() -> None:
     assert list(clean) == ["w", "n"] and client == 7 and loss == 0.25
     torch.nn.Module().load_state_dict({}, strict=True)  # the clean dict has no reserved key left
     assert all(not k.startswith("__fedbalance") for k in clean)
+    up = decode(torch.tensor(12), sent, "#0")  # FedML's (sample_num, params) entry
+    assert (up.num_samples, up.client_id, up.metrics) == (12, 7, {"val_loss": 0.25})
+    assert list(up.params) == ["w", "n"]
+    stock = decode(30, {"w": torch.ones(2)}, "#3")  # a stock client: no reserved keys
+    assert (stock.client_id, stock.metrics) == ("#3", {})
 
 
 def make_fake_cifar10(

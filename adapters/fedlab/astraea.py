@@ -50,7 +50,7 @@ from fl_adapters.astraea import (
 )
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
-from fl_adapters.fedlab.payload import pack_meta
+from fl_adapters.fedlab.payload import encode, pack_meta
 from fl_adapters.fedlab.trainer import (
     FedBalanceSerialTrainer,
     LocalConfig,
@@ -170,7 +170,7 @@ def _relay_loop(
     from fedlab.utils import MessageCode
 
     from fl_adapters.astraea import MediatorRelay
-    from fl_adapters.fedlab.payload import unpack
+    from fl_adapters.fedlab.payload import decode
 
     while handler.if_stop is not True:
         mediators = plan()
@@ -186,17 +186,17 @@ def _relay_loop(
             sender, code, payload = network.recv()
             if code != MessageCode.ParameterUpdate:
                 raise RuntimeError(f"unexpected message code {code} from rank {sender}")
-            up = unpack(payload)
-            m = up.client_id if up.client_id is not None else -1
+            up = decode(payload, -1)
+            m = up.client_id
             if not 0 <= m < len(mediators) or relay.expected(m).owner != sender:
                 raise RuntimeError(
                     f"rank {sender} sent an update for mediator {m}, which is not waiting for it"
                 )
-            nxt = relay.received(m, payload[0], up.num_samples or 0)
+            nxt = relay.received(m, payload[0], up.num_samples)
             if nxt is not None:
                 send(nxt, payload[0])
         for m, (params, n) in enumerate(relay.results()):
-            handler.load([params, pack_meta(m, n, None)])
+            handler.load(encode(params, m, n, None))
 
 
 def client_labels(data: PartitionedDataset) -> list[torch.Tensor]:
@@ -385,7 +385,7 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
                 return package[0], int(package[1][1])
 
             result = run_mediator(members, params, train_one, self.mediator_epochs)
-            self.cache.append([result.params, pack_meta(m, result.num_samples, None)])
+            self.cache.append(encode(result.params, m, result.num_samples, None))
 
     def train_hop(
         self, params: torch.Tensor, mediator: int, clients: list[int], id_list: list[int]
@@ -401,7 +401,7 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
             if self.uplink_hook is not None:  # what this member would report, as standalone
                 package = self.uplink_hook(client, params, package)
             params, n = package[0], n + int(package[1][1])
-        self.cache.append([params, pack_meta(mediator, n, None)])
+        self.cache.append(encode(params, mediator, n, None))
 
 
 def trainer_counts(trainer: Any, num_classes: int = 0) -> np.ndarray:

@@ -167,7 +167,7 @@ def arm() -> None:
     from fedlab.core.server.manager import SynchronousServerManager
 
     from fl_adapters.fedlab.handler import aggregate_into
-    from fl_adapters.fedlab.payload import pack_meta
+    from fl_adapters.fedlab.payload import encode, pack_meta
     from fl_adapters.registry import get_registry
 
     registry = get_registry()
@@ -222,7 +222,7 @@ def arm() -> None:
                 trainer.train(params, loader)
                 params = trainer.model_parameters
             n += len(data[client])
-        return [params, pack_meta(mediator, n, None)]
+        return encode(params, mediator, n, None)
 
     def astraea_local_process(self: Any, payload: list[torch.Tensor], id_list: list[int]) -> None:
         from fl_adapters.astraea import (
@@ -261,7 +261,7 @@ def arm() -> None:
             result = run_mediator(
                 members, payload[0], train_one, planner.aggregator.mediator_epochs
             )
-            self.cache.append([result.params, pack_meta(m, result.num_samples, None)])
+            self.cache.append(encode(result.params, m, result.num_samples, None))
 
     def train_one(trainer: Any, params: torch.Tensor, client: int) -> list[torch.Tensor]:
         train, val = train_val(trainer.dataset, client)

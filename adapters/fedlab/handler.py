@@ -17,7 +17,7 @@ import torch
 from fedlab.contrib.algorithm.basic_server import SyncServerHandler
 from fedlab.utils import SerializationTool
 
-from fl_adapters.fedlab.payload import unpack
+from fl_adapters.fedlab.payload import decode
 from fl_adapters.registry import build_aggregator
 from fl_adapters.sampling import sample_round
 from fl_aggregators import AggregationResult, Aggregator, ClientUpdate
@@ -26,19 +26,8 @@ log = logging.getLogger(__name__)
 
 
 def buffer_to_updates(buffer: list[list[torch.Tensor]]) -> list[ClientUpdate]:
-    """FedLab's client buffer as fedbalance updates (a stock uplink has no count: n = 1)."""
-    updates = []
-    for i, payload in enumerate(buffer):
-        up = unpack(payload)
-        updates.append(
-            ClientUpdate(
-                params=up.params,
-                num_samples=up.num_samples if up.num_samples is not None else 1,
-                metrics=up.metrics,
-                client_id=up.client_id if up.client_id is not None else f"#{i}",
-            )
-        )
-    return updates
+    """FedLab's client buffer as fedbalance updates (a stock uplink is named by its place)."""
+    return [decode(payload, f"#{i}") for i, payload in enumerate(buffer)]
 
 
 def aggregate_into(

@@ -25,7 +25,7 @@ from fedlab.utils import SerializationTool
 
 from fl_adapters._training import evaluate, local_train, stream_seed
 from fl_adapters.fedlab.data import PartitionedDataset
-from fl_adapters.fedlab.payload import pack_meta
+from fl_adapters.fedlab.payload import encode
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def train_client(
         if n_val == 0:
             log.warning("client %s has an empty validation split; it reports no val_loss", client)
             val_loss = None
-    return [SerializationTool.serialize_model(model), pack_meta(client, n, val_loss)]
+    return encode(SerializationTool.serialize_model(model), client, n, val_loss)
 
 
 #: ``hook(client_id, downlink_params, package) -> package``: what a client really sends.

@@ -44,8 +44,8 @@ from torch.utils.data import DataLoader, Subset
 from fl_adapters._training import evaluate, stream_seed
 from fl_adapters.autoload import PATCHES
 from fl_adapters.checkpoint import check_plan
-from fl_adapters.fedml.payload import attach, strip
-from fl_aggregators import Aggregator, ClientUpdate
+from fl_adapters.fedml.payload import attach, decode, strip
+from fl_aggregators import Aggregator
 from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
@@ -203,17 +203,7 @@ def train_with_validation(
 def aggregate(model_list: list[tuple[Any, Any]], global_params: Any) -> OrderedDict[str, Any]:
     """fedbalance aggregation of FedML's ``[(sample_num, params), ...]``; returns clean params."""
     agg: Aggregator = STATE["aggregator"]
-    updates = []
-    for i, (n, params) in enumerate(model_list):
-        clean, client, loss = strip(params)
-        updates.append(
-            ClientUpdate(
-                params=clean,
-                num_samples=int(n),
-                metrics={} if loss is None else {"val_loss": loss},
-                client_id=client if client is not None else f"#{i}",
-            )
-        )
+    updates = [decode(n, params, f"#{i}") for i, (n, params) in enumerate(model_list)]
     result = agg.aggregate(clean_params(global_params), updates, host=STATE["host"])
     params = result.params
     if isinstance(params, torch.Tensor):  # cannot happen for a state dict input

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from fl_aggregators.update import ClientUpdate
+
 KEY_LOSS = "__fedbalance_val_loss__"
 KEY_CLIENT = "__fedbalance_client__"
 #: Astraea's per-class ratios, server -> MPI clients.
@@ -42,3 +44,16 @@ def strip(params: Mapping[str, Any]) -> tuple[OrderedDict[str, Any], int | None,
     client = params.get(KEY_CLIENT)
     loss = params.get(KEY_LOSS)
     return (clean, None if client is None else int(client), None if loss is None else float(loss))
+
+
+def decode(num_samples: Any, params: Mapping[str, Any], fallback_id: Any = None) -> ClientUpdate:
+    """One entry of FedML's ``[(sample_num, params), ...]`` as a
+    :class:`~fl_aggregators.ClientUpdate` (a stock client, with no reserved keys, is named
+    ``fallback_id``)."""
+    clean, client, loss = strip(params)
+    return ClientUpdate(
+        params=clean,
+        num_samples=int(num_samples),
+        metrics={} if loss is None else {"val_loss": loss},
+        client_id=fallback_id if client is None else client,
+    )
