@@ -153,213 +153,259 @@ def _checked_init(original: Any, check: Any) -> Any:
     return __init__
 
 
+def _on(method: Any) -> Any:
+    """A FedLab method (its object first) that runs ``method`` of a :class:`FedLabArming`."""
+
+    def patched(obj: Any, *a: Any, **kw: Any) -> Any:
+        return method(obj, *a, **kw)
+
+    patched.__name__ = patched.__qualname__ = method.__name__
+    patched.__doc__ = method.__doc__
+    return patched
+
+
+class FedLabArming:
+    """What :func:`arm` puts into FedLab for one aggregator, and what the patches share.
+
+    Each patch is a method taking the FedLab object first (the handler, trainer or manager it
+    replaces a method of). The standalone process's Astraea state lives here: the planner,
+    the round's mediators, and each client's rebalanced data (made once, seeded by the
+    client's global id, whichever path trains it).
+    """
+
+    def __init__(self, name: str, args: dict[str, Any]) -> None:
+        from fl_adapters.registry import get_registry
+
+        self.registry = get_registry()
+        cls = self.registry.aggregator(
+            name
+        )  # unknown name: fails here, at import, naming the options
+        self.registry.make_aggregator(name, **args)  # bad arguments: likewise
+        self.name, self.args = name, args
+        self.need_val = "val_loss" in getattr(cls, "required_metrics", ())
+        self.mediated = bool(getattr(cls, "mediated", False))
+        self.planner: Any = None  # fl_adapters.astraea.AstraeaPlanner, once the counts are in
+        self.mediators: list[list[int]] | None = None
+        self.data: dict[int, TensorDataset] = {}
+        self.stock: dict[str, Any] = {}  # FedLab's own methods that the patches call
+
+    @property
+    def seed(self) -> int:
+        """The run's seed (``FEDBALANCE_SEED``): each client's rebalancing is seeded by it."""
+        return int(os.environ.get(ENV_SEED, "0"))
+
+    def aggregator(self) -> Any:
+        return self.registry.make_aggregator(self.name, **self.args)
+
+    def _plan(self, planner: Any) -> None:
+        self.planner, self.data = planner, {}
+
+    # -- the server handler ----------------------------------------------------------------------
+    def global_update(self, handler: Any, buffer: list[list[torch.Tensor]]) -> None:
+        from fl_adapters.fedlab.handler import aggregate_into
+
+        agg = handler.__dict__.get("_fedbalance_aggregator")
+        if agg is None:
+            agg = handler._fedbalance_aggregator = self.aggregator()
+        if self.mediated:
+            from fl_adapters.fedlab.astraea import param_bytes
+
+            self.planner.annotate(
+                agg, self.mediators, param_bytes(handler._model), models=[p[0] for p in buffer]
+            )
+        aggregate_into(handler._model, agg, buffer, handler.round + 1, "fedlab")
+
+    def astraea_load(self, handler: Any, payload: list[torch.Tensor]) -> bool:
+        """One package per mediator, not per sampled client."""
+        if self.mediators is None:
+            raise RuntimeError(
+                f"{ENV_AGGREGATOR}={self.name}: this process has no mediator plan (run FedLab's "
+                "standalone pipeline, or SynchronousServerManager over DistNetwork)"
+            )
+        from fl_adapters.fedlab.astraea import load_per_mediator
+
+        return load_per_mediator(handler, payload, len(self.mediators))
+
+    # -- the client trainers ---------------------------------------------------------------------
+    def rebalanced(self, trainer: Any, local: int, client: int, rad: Any) -> TensorDataset:
+        """Client ``client``'s training data (``local`` in ``trainer``'s dataset), rebalanced
+        by ``rad`` the first time it is asked for."""
+        from fl_adapters.astraea import dataset_tensors, rebalance_client
+
+        if client not in self.data:
+            x, y = dataset_tensors(trainer.dataset.get_dataset(int(local), "train"))
+            self.data[client] = TensorDataset(*rebalance_client(x, y, rad, self.seed, client))
+        return self.data[client]
+
+    def relay_hop(self, trainer: Any, payload: list[torch.Tensor], id_list: list[int]) -> list[Any]:
+        """Cross-process: train one hop's members (local ids, in order); ``[params, meta]``."""
+        from fedlab.contrib.algorithm.basic_client import SGDSerialClientTrainer
+
+        from fl_adapters.fedlab.astraea import decode_hop
+        from fl_adapters.fedlab.payload import encode
+
+        hop = decode_hop(payload)
+        assert hop is not None  # the caller checked
+        mediator, clients = hop
+        params, n = payload[0], 0
+        for local, client in zip(id_list, clients, strict=True):
+            data = self.rebalanced(trainer, local, client, payload[1])
+            loader = DataLoader(data, batch_size=trainer.batch_size, shuffle=True)
+            if isinstance(trainer, SGDSerialClientTrainer):
+                params = trainer.train(params, loader)[0]
+            else:
+                trainer.train(params, loader)
+                params = trainer.model_parameters
+            n += len(data)
+        return encode(params, mediator, n, None)
+
+    def astraea_local_process(
+        self, trainer: Any, payload: list[torch.Tensor], id_list: list[int]
+    ) -> None:
+        from fl_adapters.astraea import AstraeaPlanner, dataset_tensors, run_mediator
+        from fl_adapters.fedlab.astraea import decode_hop
+        from fl_adapters.fedlab.payload import encode
+
+        if decode_hop(payload) is not None:
+            trainer.cache.append(self.relay_hop(trainer, payload, id_list))
+            return
+        if self.planner is None:  # the clients report their label counts once
+            labels = [
+                dataset_tensors(trainer.dataset.get_dataset(c, "train"))[1]
+                for c in range(trainer.num_clients)
+            ]
+            self._plan(AstraeaPlanner.from_labels(labels, self.aggregator()))
+        planner = self.planner
+        self.mediators = planner.mediators(id_list)
+
+        def train_one(client: int, params: torch.Tensor) -> tuple[torch.Tensor, int]:
+            data = self.rebalanced(trainer, client, client, planner.rad)
+            loader = DataLoader(data, batch_size=trainer.batch_size, shuffle=True)
+            return trainer.train(params, loader)[0], len(data)
+
+        for m, members in enumerate(self.mediators):
+            result = run_mediator(
+                members, payload[0], train_one, planner.aggregator.mediator_epochs
+            )
+            trainer.cache.append(encode(result.params, m, result.num_samples, None))
+
+    def train_one(self, trainer: Any, params: torch.Tensor, client: int) -> list[torch.Tensor]:
+        from fl_adapters.fedlab.payload import pack_meta
+
+        train, val = train_val(trainer.dataset, client)
+        loader = DataLoader(train, batch_size=trainer.batch_size, shuffle=True)
+        pack = trainer.train(params, loader)
+        pack = list(pack) if pack is not None else [trainer.model_parameters]
+        val_loss = evaluate(trainer._model, val)[0] if self.need_val and len(val) else None
+        return [*pack, pack_meta(client, len(train), val_loss)]
+
+    def serial_local_process(
+        self, trainer: Any, payload: list[torch.Tensor], id_list: list[int]
+    ) -> None:
+        for client in id_list:
+            trainer.cache.append(self.train_one(trainer, payload[0], int(client)))
+
+    def client_local_process(self, trainer: Any, payload: list[torch.Tensor], id: int) -> None:
+        trainer._fedbalance_package = self.train_one(trainer, payload[0], int(id))
+
+    def client_uplink(self, trainer: Any) -> list[torch.Tensor]:
+        package = trainer.__dict__.get("_fedbalance_package")
+        return package if package is not None else self.stock["uplink"].fget(trainer)
+
+    def astraea_client_process(self, trainer: Any, payload: list[torch.Tensor], id: int) -> None:
+        from fl_adapters.fedlab.astraea import decode_hop
+
+        if decode_hop(payload) is None:
+            raise RuntimeError(
+                f"{ENV_AGGREGATOR}={self.name} trains mediator chains: an SGDClientTrainer needs "
+                "the relay of an armed SynchronousServerManager over DistNetwork"
+            )
+        trainer._fedbalance_package = self.relay_hop(trainer, payload, [id])
+
+    # -- the managers over DistNetwork (Astraea) ------------------------------------------------
+    def astraea_server_setup(self, manager: Any) -> None:
+        from fl_adapters.astraea import AstraeaPlanner
+        from fl_adapters.fedlab.astraea import receive_counts
+
+        self.stock["server_setup"](manager)
+        counts = receive_counts(manager._network)  # every client process reports once
+        self._plan(AstraeaPlanner(counts, self.aggregator()))
+
+    def astraea_main_loop(self, manager: Any) -> None:
+        from fl_adapters.fedlab.astraea import relay_rounds
+
+        def plan() -> list[list[int]]:
+            self.mediators = self.planner.mediators(manager._handler.sample_clients())
+            return self.mediators
+
+        relay_rounds(manager, self.planner, plan)
+
+    def astraea_client_setup(self, manager: Any) -> None:
+        from fl_adapters.fedlab.astraea import report_counts, trainer_counts
+
+        self.stock["client_setup"](manager)
+        report_counts(manager._network, trainer_counts(manager._trainer))
+
+    # -- arming ----------------------------------------------------------------------------------
+    def apply(self, patches: Any) -> None:
+        """Patch FedLab's classes, and check every handler and trainer when it is built: one
+        whose own code bypasses the patches stops, naming itself."""
+        from fedlab.contrib.algorithm.basic_client import SGDClientTrainer, SGDSerialClientTrainer
+        from fedlab.contrib.algorithm.basic_server import SyncServerHandler
+        from fedlab.core.client.manager import PassiveClientManager
+        from fedlab.core.client.trainer import ClientTrainer, SerialClientTrainer
+        from fedlab.core.server.handler import ServerHandler
+        from fedlab.core.server.manager import SynchronousServerManager
+
+        self.stock = {
+            "uplink": SGDClientTrainer.uplink_package,
+            "server_setup": SynchronousServerManager.setup,
+            "client_setup": PassiveClientManager.setup,
+        }
+        mediated = self.mediated
+        patches.set(SyncServerHandler, "global_update", _on(self.global_update))
+        serial = self.astraea_local_process if mediated else self.serial_local_process
+        patches.set(SGDSerialClientTrainer, "local_process", _on(serial))
+        single = self.astraea_client_process if mediated else self.client_local_process
+        patches.set(SGDClientTrainer, "local_process", _on(single))
+        patches.set(SGDClientTrainer, "uplink_package", property(_on(self.client_uplink)))
+        if mediated:
+            patches.set(SyncServerHandler, "load", _on(self.astraea_load))
+            patches.set(SynchronousServerManager, "setup", _on(self.astraea_server_setup))
+            patches.set(SynchronousServerManager, "main_loop", _on(self.astraea_main_loop))
+            patches.set(PassiveClientManager, "setup", _on(self.astraea_client_setup))
+        server = {"global_update": vars(SyncServerHandler)["global_update"]}
+        if mediated:  # Astraea also waits for one package per mediator in load
+            server["load"] = vars(SyncServerHandler)["load"]
+        trainers = {
+            SGDSerialClientTrainer: {
+                "local_process": vars(SGDSerialClientTrainer)["local_process"]
+            },
+            SGDClientTrainer: {
+                m: vars(SGDClientTrainer)[m] for m in ("local_process", "uplink_package")
+            },
+        }
+        name = self.name
+        patches.set(
+            ServerHandler,
+            "__init__",
+            _checked_init(ServerHandler.__init__, lambda c: check_handler(c, name, server)),
+        )
+        for base in (ClientTrainer, SerialClientTrainer):
+            patches.set(
+                base,
+                "__init__",
+                _checked_init(base.__init__, lambda c: check_trainer(c, name, trainers)),
+            )
+
+
 def arm() -> None:
     """Patch FedLab's stock handler and trainers if ``FEDBALANCE_AGGREGATOR`` is set."""
     chosen = settings()
     if chosen is None or _armed:
         return
     name, args = chosen
-    from fedlab.contrib.algorithm.basic_client import SGDClientTrainer, SGDSerialClientTrainer
-    from fedlab.contrib.algorithm.basic_server import SyncServerHandler
-    from fedlab.core.client.manager import PassiveClientManager
-    from fedlab.core.client.trainer import ClientTrainer, SerialClientTrainer
-    from fedlab.core.server.handler import ServerHandler
-    from fedlab.core.server.manager import SynchronousServerManager
-
-    from fl_adapters.fedlab.handler import aggregate_into
-    from fl_adapters.fedlab.payload import encode, pack_meta
-    from fl_adapters.registry import get_registry
-
-    registry = get_registry()
-    cls = registry.aggregator(name)  # unknown name: fails here, at import, naming the options
-    registry.make_aggregator(name, **args)  # bad arguments: likewise
-    need_val = "val_loss" in getattr(cls, "required_metrics", ())
-    mediated = bool(getattr(cls, "mediated", False))
-    astraea: dict[str, Any] = {}  # the standalone process's Astraea plan and round layout
-
-    def global_update(self: Any, buffer: list[list[torch.Tensor]]) -> None:
-        agg = self.__dict__.get("_fedbalance_aggregator")
-        if agg is None:
-            agg = self._fedbalance_aggregator = registry.make_aggregator(name, **args)
-        if mediated:
-            from fl_adapters.fedlab.astraea import param_bytes
-
-            astraea["planner"].annotate(
-                agg, astraea["mediators"], param_bytes(self._model), models=[p[0] for p in buffer]
-            )
-        aggregate_into(self._model, agg, buffer, self.round + 1, "fedlab")
-
-    def astraea_load(self: Any, payload: list[torch.Tensor]) -> bool:
-        # One package per mediator, not per sampled client.
-        if "mediators" not in astraea:
-            raise RuntimeError(
-                f"{ENV_AGGREGATOR}={name}: this process has no mediator plan (run FedLab's "
-                "standalone pipeline, or SynchronousServerManager over DistNetwork)"
-            )
-        from fl_adapters.fedlab.astraea import load_per_mediator
-
-        return load_per_mediator(self, payload, len(astraea["mediators"]))
-
-    def relay_hop(trainer: Any, payload: list[torch.Tensor], id_list: list[int]) -> list[Any]:
-        """Cross-process: train one hop's members (local ids, in order); ``[params, meta]``."""
-        from fl_adapters.astraea import dataset_tensors, rebalance_client
-        from fl_adapters.fedlab.astraea import decode_hop
-
-        hop = decode_hop(payload)
-        assert hop is not None  # the caller checked
-        mediator, clients = hop
-        data = astraea.setdefault("data", {})
-        seed = int(os.environ.get(ENV_SEED, "0"))
-        params, n = payload[0], 0
-        for local, client in zip(id_list, clients, strict=True):
-            if client not in data:  # rebalanced once, seeded by the global id
-                x, y = dataset_tensors(trainer.dataset.get_dataset(int(local), "train"))
-                data[client] = TensorDataset(*rebalance_client(x, y, payload[1], seed, client))
-            loader = DataLoader(data[client], batch_size=trainer.batch_size, shuffle=True)
-            if isinstance(trainer, SGDSerialClientTrainer):
-                params = trainer.train(params, loader)[0]
-            else:
-                trainer.train(params, loader)
-                params = trainer.model_parameters
-            n += len(data[client])
-        return encode(params, mediator, n, None)
-
-    def astraea_local_process(self: Any, payload: list[torch.Tensor], id_list: list[int]) -> None:
-        from fl_adapters.astraea import (
-            AstraeaPlanner,
-            dataset_tensors,
-            rebalance_client,
-            run_mediator,
-        )
-        from fl_adapters.fedlab.astraea import decode_hop
-
-        if decode_hop(payload) is not None:
-            self.cache.append(relay_hop(self, payload, id_list))
-            return
-        if "planner" not in astraea:  # the clients report their label counts once
-            labels = [
-                dataset_tensors(self.dataset.get_dataset(c, "train"))[1]
-                for c in range(self.num_clients)
-            ]
-            agg = registry.make_aggregator(name, **args)
-            astraea.update(planner=AstraeaPlanner.from_labels(labels, agg), data={})
-        planner = astraea["planner"]
-        astraea["mediators"] = planner.mediators(id_list)
-        seed = int(os.environ.get(ENV_SEED, "0"))
-
-        def train_one(client: int, params: torch.Tensor) -> tuple[torch.Tensor, int]:
-            if client not in astraea["data"]:
-                x, y = dataset_tensors(self.dataset.get_dataset(client, "train"))
-                astraea["data"][client] = TensorDataset(
-                    *rebalance_client(x, y, planner.rad, seed, client)
-                )
-            data = astraea["data"][client]
-            loader = DataLoader(data, batch_size=self.batch_size, shuffle=True)
-            return self.train(params, loader)[0], len(data)
-
-        for m, members in enumerate(astraea["mediators"]):
-            result = run_mediator(
-                members, payload[0], train_one, planner.aggregator.mediator_epochs
-            )
-            self.cache.append(encode(result.params, m, result.num_samples, None))
-
-    def train_one(trainer: Any, params: torch.Tensor, client: int) -> list[torch.Tensor]:
-        train, val = train_val(trainer.dataset, client)
-        loader = DataLoader(train, batch_size=trainer.batch_size, shuffle=True)
-        pack = trainer.train(params, loader)
-        pack = list(pack) if pack is not None else [trainer.model_parameters]
-        val_loss = evaluate(trainer._model, val)[0] if need_val and len(val) else None
-        return [*pack, pack_meta(client, len(train), val_loss)]
-
-    def serial_local_process(self: Any, payload: list[torch.Tensor], id_list: list[int]) -> None:
-        for client in id_list:
-            self.cache.append(train_one(self, payload[0], int(client)))
-
-    def client_local_process(self: Any, payload: list[torch.Tensor], id: int) -> None:
-        self._fedbalance_package = train_one(self, payload[0], int(id))
-
-    original_uplink = SGDClientTrainer.uplink_package
-
-    def client_uplink(self: Any) -> list[torch.Tensor]:
-        package = self.__dict__.get("_fedbalance_package")
-        return package if package is not None else original_uplink.fget(self)
-
-    def astraea_client_process(self: Any, payload: list[torch.Tensor], id: int) -> None:
-        from fl_adapters.fedlab.astraea import decode_hop
-
-        if decode_hop(payload) is None:
-            raise RuntimeError(
-                f"{ENV_AGGREGATOR}={name} trains mediator chains: an SGDClientTrainer needs the "
-                "relay of an armed SynchronousServerManager over DistNetwork"
-            )
-        self._fedbalance_package = relay_hop(self, payload, [id])
-
-    def astraea_server_setup(self: Any) -> None:
-        from fl_adapters.astraea import AstraeaPlanner
-        from fl_adapters.fedlab.astraea import receive_counts
-
-        original_server_setup(self)
-        counts = receive_counts(self._network)  # every client process reports once
-        agg = registry.make_aggregator(name, **args)
-        astraea.update(planner=AstraeaPlanner(counts, agg))
-
-    def astraea_main_loop(self: Any) -> None:
-        from fl_adapters.fedlab.astraea import relay_rounds
-
-        def plan() -> list[list[int]]:
-            astraea["mediators"] = astraea["planner"].mediators(self._handler.sample_clients())
-            return astraea["mediators"]
-
-        relay_rounds(self, astraea["planner"], plan)
-
-    def astraea_client_setup(self: Any) -> None:
-        from fl_adapters.fedlab.astraea import report_counts, trainer_counts
-
-        original_client_setup(self)
-        report_counts(self._network, trainer_counts(self._trainer))
-
-    original_server_setup = SynchronousServerManager.setup
-    original_client_setup = PassiveClientManager.setup
-
-    patches = PATCHES["fedlab"]
-    patches.set(SyncServerHandler, "global_update", global_update)
-    patches.set(
-        SGDSerialClientTrainer,
-        "local_process",
-        astraea_local_process if mediated else serial_local_process,
-    )
-    patches.set(
-        SGDClientTrainer,
-        "local_process",
-        astraea_client_process if mediated else client_local_process,
-    )
-    patches.set(SGDClientTrainer, "uplink_package", property(client_uplink))
-    if mediated:
-        patches.set(SyncServerHandler, "load", astraea_load)
-        patches.set(SynchronousServerManager, "setup", astraea_server_setup)
-        patches.set(SynchronousServerManager, "main_loop", astraea_main_loop)
-        patches.set(PassiveClientManager, "setup", astraea_client_setup)
-    # Every handler and trainer is checked when built: one that bypasses the patches stops.
-    server = {"global_update": vars(SyncServerHandler)["global_update"]}
-    if mediated:  # Astraea also waits for one package per mediator in load
-        server["load"] = vars(SyncServerHandler)["load"]
-    trainers = {
-        SGDSerialClientTrainer: {"local_process": vars(SGDSerialClientTrainer)["local_process"]},
-        SGDClientTrainer: {
-            m: vars(SGDClientTrainer)[m] for m in ("local_process", "uplink_package")
-        },
-    }
-    patches.set(
-        ServerHandler,
-        "__init__",
-        _checked_init(ServerHandler.__init__, lambda c: check_handler(c, name, server)),
-    )
-    for base in (ClientTrainer, SerialClientTrainer):
-        patches.set(
-            base,
-            "__init__",
-            _checked_init(base.__init__, lambda c: check_trainer(c, name, trainers)),
-        )
+    FedLabArming(name, args).apply(PATCHES["fedlab"])
     _armed.update(aggregator=name, args=args)
     log.info("fedbalance: FedLab armed with aggregator %r %s", name, args or "")
 
