@@ -225,6 +225,48 @@ def rebalance_client(
     return rebalance(x, y, rad, stream_seed("astraea-rebalance", seed, client))
 
 
+class RebalancedCache:
+    """Each client's training data rebalanced by the plan's ``rad``, made once per client.
+
+    One per process, in every host: FedLab's trainers and relay, FedML's sp, MPI and
+    cross-silo clients, Flower's ClientApp (which used to rebalance again on every hop).
+    :func:`rebalance_client` is a function of ``rad``, the seed and the client, so a cached
+    dataset is the one a fresh call would make; a new ``rad`` or seed (another plan or run)
+    starts over.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[bytes, int] | None = None
+        self._data: dict[int, Any] = {}
+        #: Label counts of the rebalanced data of each client built so far (what it trains on).
+        self.trained_counts: dict[int, NDArray[np.int64]] = {}
+
+    def get(
+        self,
+        client: int,
+        rad: Any,
+        seed: int,
+        load: Callable[[], Any],
+        wrap: Callable[[torch.Tensor, torch.Tensor, Any], Any] | None = None,
+    ) -> Any:
+        """Client ``client``'s rebalanced data: ``load()`` gives its training data the first
+        time, and ``wrap(x, y, original)`` the form the host trains on (a ``TensorDataset``
+        when ``None``)."""
+        rad = np.asarray(rad, dtype=np.float64)
+        key = (rad.tobytes(), int(seed))
+        if key != self._key:
+            self._key = key
+            self._data.clear()
+            self.trained_counts.clear()
+        if client not in self._data:
+            original = load()
+            x, y = dataset_tensors(original)
+            x2, y2 = rebalance_client(x, y, rad, seed, client)
+            self._data[client] = TensorDataset(x2, y2) if wrap is None else wrap(x2, y2, original)
+            self.trained_counts[client] = label_counts(y2, len(rad))
+        return self._data[client]
+
+
 def dataset_tensors(data: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """All of a client's samples as ``(x, y)``: from a ``TensorDataset``, a dataset with
     ``get_batch``, a ``DataLoader`` over either, any map-style dataset, or a list of batches."""

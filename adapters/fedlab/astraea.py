@@ -43,9 +43,9 @@ import torch
 
 from fl_adapters.astraea import (
     AstraeaPlanner,
+    RebalancedCache,
     dataset_tensors,
     label_counts,
-    rebalance_client,
     run_mediator,
 )
 from fl_adapters.fedlab.data import PartitionedDataset
@@ -304,25 +304,21 @@ class RebalancedData:
         self.seed = seed
         self.num = data.num
         self.rad: np.ndarray | None = None
-        self._train: dict[int, TensorData] = {}
-        #: Label counts of each client's rebalanced data built so far (what it trains on).
-        self.trained_counts: dict[int, np.ndarray] = {}
+        self._cache = RebalancedCache()
+
+    @property
+    def trained_counts(self) -> dict[int, np.ndarray]:
+        """Label counts of each client's rebalanced data built so far (what it trains on)."""
+        return self._cache.trained_counts
 
     def set_rad(self, rad: np.ndarray) -> None:
-        if self.rad is not None and not np.array_equal(self.rad, rad):
-            self._train.clear()  # a new plan: rebalance again
-            self.trained_counts.clear()
-        self.rad = rad
+        self.rad = rad  # a new plan: the cache rebalances again
 
     def get_dataset(self, id: int, type: str = "train") -> Any:
         if type != "train" or self.rad is None:
             return self.data.get_dataset(id, type)
-        if id not in self._train:
-            x, y = dataset_tensors(self.data.get_dataset(id, "train"))
-            x, y = rebalance_client(x, y, self.rad, self.seed, id)
-            self._train[id] = TensorData(x, y)
-            self.trained_counts[id] = label_counts(y, len(self.rad))
-        return self._train[id]
+        load = lambda: self.data.get_dataset(id, "train")  # noqa: E731
+        return self._cache.get(id, self.rad, self.seed, load, lambda x, y, _: TensorData(x, y))
 
 
 class TensorData(torch.utils.data.TensorDataset):

@@ -49,6 +49,7 @@ import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fl_adapters._training import evaluate, stream_seed
+from fl_adapters.astraea import RebalancedCache
 from fl_adapters.autoload import FEDLAB_AGGREGATOR_ENV, PATCHES
 from fl_partitions.params import ParameterError
 
@@ -186,7 +187,7 @@ class FedLabArming:
         self.mediated = bool(getattr(cls, "mediated", False))
         self.planner: Any = None  # fl_adapters.astraea.AstraeaPlanner, once the counts are in
         self.mediators: list[list[int]] | None = None
-        self.data: dict[int, TensorDataset] = {}
+        self.data = RebalancedCache()
         self.stock: dict[str, Any] = {}  # FedLab's own methods that the patches call
 
     @property
@@ -198,7 +199,7 @@ class FedLabArming:
         return self.registry.make_aggregator(self.name, **self.args)
 
     def _plan(self, planner: Any) -> None:
-        self.planner, self.data = planner, {}
+        self.planner = planner
 
     # -- the server handler ----------------------------------------------------------------------
     def global_update(self, handler: Any, buffer: list[list[torch.Tensor]]) -> None:
@@ -228,14 +229,9 @@ class FedLabArming:
 
     # -- the client trainers ---------------------------------------------------------------------
     def rebalanced(self, trainer: Any, local: int, client: int, rad: Any) -> TensorDataset:
-        """Client ``client``'s training data (``local`` in ``trainer``'s dataset), rebalanced
-        by ``rad`` the first time it is asked for."""
-        from fl_adapters.astraea import dataset_tensors, rebalance_client
-
-        if client not in self.data:
-            x, y = dataset_tensors(trainer.dataset.get_dataset(int(local), "train"))
-            self.data[client] = TensorDataset(*rebalance_client(x, y, rad, self.seed, client))
-        return self.data[client]
+        """Client ``client``'s training data (``local`` in ``trainer``'s dataset), rebalanced."""
+        load = lambda: trainer.dataset.get_dataset(int(local), "train")  # noqa: E731
+        return self.data.get(client, rad, self.seed, load)
 
     def relay_hop(self, trainer: Any, payload: list[torch.Tensor], id_list: list[int]) -> list[Any]:
         """Cross-process: train one hop's members (local ids, in order); ``[params, meta]``."""

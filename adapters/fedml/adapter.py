@@ -435,10 +435,11 @@ def _dist_train(self: Any, original: Any, round_idx: Any = None) -> Any:
             self.trainer, None, data, int(self.client_index), self.device, self.args
         )
         return params, n
-    from fl_adapters.fedml.astraea import SiloClientData, seeded_training
+    from fl_adapters.astraea import RebalancedCache
+    from fl_adapters.fedml.astraea import seeded_training, silo_data
 
-    silos = STATE.setdefault("silo_data", SiloClientData(STATE["seed"]))
-    data, n = silos.get(int(self.client_index), self.train_local, rad)
+    cache = STATE.setdefault("silo_data", RebalancedCache())
+    data, n = silo_data(cache, int(self.client_index), self.train_local, rad, STATE["seed"])
     round_number = STATE.get("astraea_round") or int(round_idx or 0) + 1  # the server's
     with seeded_training(STATE["seed"], int(self.client_index), round_number, 0):
         params = train_with_validation(

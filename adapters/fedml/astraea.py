@@ -41,8 +41,8 @@ from fl_adapters.astraea import (
     AstraeaPlanner,
     Hop,
     MediatorRelay,
+    RebalancedCache,
     dataset_tensors,
-    rebalance_client,
     run_mediator,
 )
 from fl_adapters.fedml.payload import KEY_RAD, KEY_ROUND, attach, strip
@@ -81,7 +81,7 @@ class SpAstraea:
         self.planner = AstraeaPlanner.from_labels(
             [dataset_tensors(api.train_data_local_dict[c])[1] for c in clients], aggregator
         )
-        self.data: dict[int, Any] = {}
+        self.data = RebalancedCache()
         self.mediators: list[list[int]] = []
         self.results: dict[int, tuple[OrderedDict[str, Any], int]] = {}
         self.trace: list[tuple[int, int, int]] = []
@@ -89,12 +89,9 @@ class SpAstraea:
 
     def client_data(self, client: int) -> Any:
         """The client's rebalanced training data (built once, seeded by ``(seed, client)``)."""
-        if client not in self.data:
-            original = self.api.train_data_local_dict[client]
-            x, y = dataset_tensors(original)
-            x2, y2 = rebalance_client(x, y, self.planner.rad, self.seed, client)
-            self.data[client] = like(original, x2, y2)
-        return self.data[client]
+        load = lambda: self.api.train_data_local_dict[client]  # noqa: E731
+        wrap = lambda x, y, original: like(original, x, y)  # noqa: E731
+        return self.data.get(client, self.planner.rad, self.seed, load, wrap)
 
     def sample(self, sampled: Any) -> list[int]:
         """Group this round's clients into mediators; FedML's slot order, mediator by mediator."""
@@ -162,19 +159,10 @@ def take_rad(params: Any) -> tuple[Any, Any, int | None]:
     return clean, rad, None if rnd is None else int(rnd)
 
 
-class SiloClientData:
-    """A cross-silo client's rebalanced training data, per silo index (built once, seeded)."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-        self.data: dict[int, tuple[Any, int]] = {}
-
-    def get(self, silo: int, original: Any, rad: Any) -> tuple[Any, int]:
-        if silo not in self.data:
-            x, y = dataset_tensors(original)
-            x2, y2 = rebalance_client(x, y, rad, self.seed, silo)
-            self.data[silo] = (like(original, x2, y2), len(y2))
-        return self.data[silo]
+def silo_data(cache: RebalancedCache, silo: int, original: Any, rad: Any, seed: int) -> Any:
+    """A cross-silo or MPI client's rebalanced training data and its size."""
+    sized = lambda x, y, orig: (like(orig, x, y), len(y))  # noqa: E731
+    return cache.get(silo, rad, seed, lambda: original, sized)
 
 
 def fedml_param_bytes(params: Any) -> int:

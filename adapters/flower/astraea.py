@@ -41,14 +41,13 @@ from flwr.app import (
 )
 from flwr.serverapp import Grid
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset
 
 from fl_adapters.astraea import (
     AstraeaPlanner,
     MediatorRelay,
-    dataset_tensors,
+    RebalancedCache,
     label_counts,
-    rebalance_client,
 )
 from fl_adapters.checkpoint import Checkpoint, check_plan
 from fl_adapters.flower.payload import (
@@ -278,6 +277,11 @@ def node_rad(context: Context) -> list[float] | None:
     return None if record is None else [float(r) for r in cast(list[float], record[RAD])]
 
 
+#: This process's rebalanced client data: a ClientApp process that lives on (the simulation's
+#: workers) rebalances each client once, not on every hop.
+REBALANCED = RebalancedCache()
+
+
 def astraea_train_reply(
     msg: Message,
     context: Context,
@@ -297,6 +301,6 @@ def astraea_train_reply(
     client = partition_id(context)
     parts = dict(data)
     if rad is not None and client is not None:  # no rad: the run does not augment
-        x, y = dataset_tensors(parts["train"])
-        parts["train"] = TensorDataset(*rebalance_client(x, y, rad, seed, client))
+        original = parts["train"]
+        parts["train"] = REBALANCED.get(client, rad, seed, lambda: original)
     return train_reply(msg, context, model, parts, train_fn)
