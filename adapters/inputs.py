@@ -18,29 +18,20 @@ from __future__ import annotations
 
 import json
 import re
-import reprlib
 from typing import Any
 
 import yaml
 
 from fl_partitions.params import FedbalanceError
+from fl_partitions.params import shown as brief
 
 MAX_BYTES = 1 << 20
 MAX_NODES = 100_000
 MAX_DEPTH = 64
 
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 8, 8, 8
-_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 80, 80, 40
-
 
 class InputError(FedbalanceError, ValueError):
     """Input that is too large, too deep or not well formed (one line, names the source)."""
-
-
-def brief(value: Any) -> str:
-    """``repr(value)`` cut to a few lines however large or shared ``value`` is."""
-    return _REPR.repr(value)
 
 
 def check_tree(

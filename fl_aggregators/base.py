@@ -41,7 +41,7 @@ from fl_aggregators._tensors import rebuild, structure_mismatch, tensors_of
 from fl_aggregators.functional import all_finite_many
 from fl_aggregators.record import record
 from fl_aggregators.update import ClientUpdate, Params
-from fl_partitions.params import ParameterError
+from fl_partitions.params import ParameterError, shown
 
 log = logging.getLogger(__name__)
 
@@ -145,13 +145,13 @@ class Aggregator(ABC):
             raw = update.metrics[key]
             # A number, not text or a flag that float() would also take ("5.0", True).
             if isinstance(raw, bool) or not isinstance(raw, numbers.Real):
-                return f"metric {key!r} is not a number: {repr(raw)[:80]}"
+                return f"metric {key!r} is not a number: {shown(raw)}"
             try:
                 value = float(raw)
             except OverflowError:  # an int beyond a float's range
                 value = math.inf
             if not math.isfinite(value) or value < 0:
-                return f"metric {key!r} must be finite and >= 0, got {repr(raw)[:80]}"
+                return f"metric {key!r} must be finite and >= 0, got {shown(raw)}"
         return None
 
     def aggregate(

@@ -27,7 +27,8 @@ class ParameterError(FedbalanceError, ValueError):
 #: How a given value is shown in an error: bounded, so a huge or deeply nested value (a YAML
 #: alias bomb) costs no more to name than a small one.
 _SHOWN = reprlib.Repr()
-_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 3, 60, 60, 40
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 3, 8, 8, 8
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 80, 80, 40
 
 
 def shown(value: object) -> str:
