@@ -178,10 +178,9 @@ class FedLabArming:
         from fl_adapters.registry import get_registry
 
         self.registry = get_registry()
-        cls = self.registry.aggregator(
-            name
-        )  # unknown name: fails here, at import, naming the options
-        self.registry.make_aggregator(name, **args)  # bad arguments: likewise
+        # An unknown name or bad arguments fail here, at import, naming the options.
+        cls = self.registry.aggregator(name)
+        self.registry.make_aggregator(name, **args)
         self.name, self.args = name, args
         self.need_val = "val_loss" in getattr(cls, "required_metrics", ())
         self.mediated = bool(getattr(cls, "mediated", False))
@@ -197,9 +196,6 @@ class FedLabArming:
 
     def aggregator(self) -> Any:
         return self.registry.make_aggregator(self.name, **self.args)
-
-    def _plan(self, planner: Any) -> None:
-        self.planner = planner
 
     # -- the server handler ----------------------------------------------------------------------
     def global_update(self, handler: Any, buffer: list[list[torch.Tensor]]) -> None:
@@ -270,7 +266,7 @@ class FedLabArming:
                 dataset_tensors(trainer.dataset.get_dataset(c, "train"))[1]
                 for c in range(trainer.num_clients)
             ]
-            self._plan(AstraeaPlanner.from_labels(labels, self.aggregator()))
+            self.planner = AstraeaPlanner.from_labels(labels, self.aggregator())
         planner = self.planner
         self.mediators = planner.mediators(id_list)
 
@@ -325,7 +321,7 @@ class FedLabArming:
 
         self.stock["server_setup"](manager)
         counts = receive_counts(manager._network)  # every client process reports once
-        self._plan(AstraeaPlanner(counts, self.aggregator()))
+        self.planner = AstraeaPlanner(counts, self.aggregator())
 
     def astraea_main_loop(self, manager: Any) -> None:
         from fl_adapters.fedlab.astraea import relay_rounds
