@@ -3,7 +3,7 @@ cache that makes it once per client in every host."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
@@ -79,7 +79,7 @@ class RebalancedCache:
     """
 
     def __init__(self) -> None:
-        self._key: tuple[bytes, int] | None = None
+        self._key: tuple[bytes, int, Hashable] | None = None
         self._data: dict[int, Any] = {}
         #: Label counts of the rebalanced data of each client built so far (what it trains on).
         self.trained_counts: dict[int, NDArray[np.int64]] = {}
@@ -91,12 +91,14 @@ class RebalancedCache:
         seed: int,
         load: Callable[[], Any],
         wrap: Callable[[torch.Tensor, torch.Tensor, Any], Any] | None = None,
+        scope: Hashable = None,
     ) -> Any:
         """Client ``client``'s rebalanced data: ``load()`` gives its training data the first
         time, and ``wrap(x, y, original)`` the form the host trains on (a ``TensorDataset``
-        when ``None``)."""
+        when ``None``). ``scope`` names the run where one process may serve several (Flower's
+        run id): another scope starts over, like another ``rad`` or seed."""
         rad = np.asarray(rad, dtype=np.float64)
-        key = (rad.tobytes(), int(seed))
+        key = (rad.tobytes(), int(seed), scope)
         if key != self._key:
             self._key = key
             self._data.clear()

@@ -302,5 +302,5 @@ def astraea_train_reply(
     parts = dict(data)
     if rad is not None and client is not None:  # no rad: the run does not augment
         original = parts["train"]
-        parts["train"] = REBALANCED.get(client, rad, seed, lambda: original)
+        parts["train"] = REBALANCED.get(client, rad, seed, lambda: original, scope=context.run_id)
     return train_reply(msg, context, model, parts, train_fn)
