@@ -6,9 +6,9 @@ until a top-level ``fedlab`` or ``fedml`` import, then, right after that package
 ``__init__``, :func:`arm_host` runs the adapter's ``arm()``:
 
 * FedLab: armed only when ``FEDBALANCE_AGGREGATOR`` is set (see
-  :mod:`fl_adapters.fedlab.autoload`); inert otherwise.
+  :mod:`fl_adapters.fedlab.patches`); inert otherwise.
 * FedML: armed on every import, but inert unless the host's config names a fedbalance
-  aggregator (see :mod:`fl_adapters.fedml.adapter`).
+  aggregator (see :mod:`fl_adapters.fedml.patches`).
 
 A plugin never breaks its host. The adapters are armed only against the host versions they
 were written for (:data:`SUPPORTED`); on any other version, or when arming raises anything at

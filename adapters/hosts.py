@@ -113,7 +113,7 @@ FEDLAB = HostSpec(
     releases=("1.3.0",),
     run=_run_fedlab,
     require=_require("fedlab"),
-    arm="fl_adapters.fedlab.autoload",
+    arm="fl_adapters.fedlab.patches",
     description="FedLab: standalone pipeline and DistNetwork processes",
 )
 FEDML = HostSpec(
@@ -123,7 +123,7 @@ FEDML = HostSpec(
     releases=("0.9.6",),
     run=_run_fedml,
     require=_require("fedml"),
-    arm="fl_adapters.fedml.adapter",
+    arm="fl_adapters.fedml.patches",
     description="FedML: sp simulation, MPI simulation, cross-silo over MPI or gRPC",
 )
 FLOWER = HostSpec(

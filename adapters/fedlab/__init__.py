@@ -1,6 +1,6 @@
 """fedbalance for FedLab 1.3.0: handler, trainers, datasets and partitioners (imports FedLab).
 
-The names are re-exported lazily: :mod:`fl_adapters.fedlab.autoload` runs inside
+The names are re-exported lazily: :mod:`fl_adapters.fedlab.patches` runs inside
 ``import fedlab`` and must not import FedLab's classes (or fail on a FedLab without them)
 before it has checked the FedLab version.
 """

@@ -81,7 +81,7 @@ def server_status(self: Any, original: Any, msg_params: Any) -> Any:
 
 
 def _receive_scalars(self: Any, msg_params: Any) -> None:
-    from fl_adapters.fedml.adapter import STATE
+    from fl_adapters.fedml.adapter import current
 
     sender = int(msg_params.get_sender_id())
     self._fedbalance_scalars[sender] = (
@@ -107,8 +107,9 @@ def _receive_scalars(self: Any, msg_params: Any) -> None:
             )
         )
     self._fedbalance_scalars = {}
-    weighing = STATE["aggregator"].weigh(updates, round=int(self.round_idx) + 1)
-    STATE["lsa_weighing"] = weighing
+    run = current()
+    weighing = run.aggregator.weigh(updates, round=int(self.round_idx) + 1)
+    run.lsa_weighing = weighing
     # FedML's reconstruction takes 1/N of the unmasked sum, N the round's clients.
     n_clients = len(senders)
     for sender, w in zip(senders, weighing.weights, strict=True):
@@ -119,21 +120,22 @@ def _receive_scalars(self: Any, msg_params: Any) -> None:
 
 def reconstruct(self: Any, original: Any, first: Any, second: Any) -> Any:
     """FedML's unmasking (``sum_i w_i x_i``), then the aggregator's step and record."""
-    from fl_adapters.fedml.adapter import STATE, clean_params
+    from fl_adapters.fedml.adapter import clean_params, current
 
     # A copy: FedML's reconstruction overwrites the model these tensors belong to.
     previous = OrderedDict(
         (k, v.clone()) for k, v in clean_params(self.get_global_model_params()).items()
     )
     summed = original(self, first, second)
-    weighing = STATE.pop("lsa_weighing", None)
+    run = current()
+    weighing, run.lsa_weighing = run.lsa_weighing, None
     if weighing is None:
         raise RuntimeError("LightSecAgg unmasked a round fedbalance never weighed")
-    result = STATE["aggregator"].finish(
+    result = run.aggregator.finish(
         previous,
         OrderedDict((k, torch.as_tensor(v, dtype=torch.float64)) for k, v in summed.items()),
         weighing,
-        host=STATE["host"],
+        host=run.host,
         protocol=PROTOCOL,
     )
     params = OrderedDict(result.params.items())
@@ -183,7 +185,7 @@ def _receive_scale(self: Any, msg_params: Any) -> None:
 
 
 LSA = "fedml.cross_silo.lightsecagg"
-#: ``(module, class, method, replacement)`` for :data:`fl_adapters.fedml.adapter.TARGETS`.
+#: ``(module, class, method, replacement)`` for :mod:`fl_adapters.fedml.patches.cross_silo`.
 TARGETS = (
     (
         f"{LSA}.lsa_fedml_server_manager",

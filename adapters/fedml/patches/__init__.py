@@ -1,0 +1,99 @@
+"""fedbalance inside an unmodified FedML 0.9.6: the methods each mode's patches wrap.
+
+==================  ================================  =========================================
+mode                module                            wraps (client training; aggregation)
+==================  ================================  =========================================
+sp simulation       :mod:`.sp`                        ``Client.train``; ``FedAvgAPI._aggregate``
+MPI simulation      :mod:`.mpi`                       ``FedAVGTrainer.train``;
+                                                      ``FedAVGAggregator.aggregate``
+cross-silo          :mod:`.cross_silo`                ``FedMLTrainer.train``;
+                                                      ``FedMLAggregator.aggregate``
+==================  ================================  =========================================
+
+:mod:`.distributed` holds what the MPI simulation and cross-silo share. Each wrapper takes
+fedbalance's path only when ``self.args`` names a fedbalance aggregator
+(:func:`fl_adapters.fedml.adapter.state_for`), and FedML's own method otherwise; ``fedml.init``
+and ``FedMLRunner`` check the settings before any training (:func:`~.adapter.validate`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from fl_adapters.autoload import PATCHES
+from fl_adapters.fedml.adapter import state_for, validate
+
+#: ``(module, class, method, host, replacement)``
+Target = tuple[str, str, str, str, Callable[..., Any]]
+
+
+def targets() -> tuple[Target, ...]:
+    """Every method fedbalance wraps in FedML, with the host (mode) whose runs it serves."""
+    from fl_adapters.fedml.patches import cross_silo, mpi, sp
+
+    return tuple(
+        (module, cls, method, mode.HOST, replacement)
+        for mode in (sp, mpi, cross_silo)
+        for module, cls, method, replacement in mode.TARGETS
+    )
+
+
+def _wrapper(original: Any, host: str, replacement: Any) -> Any:
+    """``original`` unless ``self.args`` names a fedbalance aggregator, then ``replacement``."""
+
+    @functools.wraps(original)
+    def wrapper(self: Any, *a: Any, **kw: Any) -> Any:
+        if state_for(self.args, host) is None:
+            return original(self, *a, **kw)
+        return replacement(self, original, *a, **kw)
+
+    wrapper._fedbalance = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def arm() -> None:
+    """Wrap FedML's aggregation points and client training (called right after ``import fedml``).
+
+    Every target is looked up before the first patch, so a FedML whose modules or methods have
+    moved raises here with nothing patched (the autoload then leaves FedML stock).
+    """
+    import fedml
+    from fedml.runner import FedMLRunner
+
+    from fl_adapters.fedml import partition
+
+    if getattr(fedml.init, "_fedbalance", False):
+        return
+    wrapped = []
+    for module, cls_name, method, host, replacement in targets():
+        cls = getattr(importlib.import_module(module), cls_name)
+        wrapped.append((cls, method, _wrapper(getattr(cls, method), host, replacement)))
+    original_init = fedml.init
+    original_runner = FedMLRunner.__init__
+
+    @functools.wraps(original_init)
+    def init(*a: Any, **kw: Any) -> Any:
+        args = original_init(*a, **kw)
+        validate(args)
+        return args
+
+    @functools.wraps(original_runner)
+    def runner_init(self: Any, args: Any, *a: Any, **kw: Any) -> None:
+        validate(args)  # before FedML's __init__: the MPI modes train inside it
+        original_runner(self, args, *a, **kw)
+
+    init._fedbalance = True  # type: ignore[attr-defined]
+    patches = PATCHES["fedml"]
+    for cls, method, wrapper in wrapped:
+        patches.set(cls, method, wrapper)
+    partition.arm(patches)
+    patches.set(fedml, "init", init)
+    patches.set(FedMLRunner, "__init__", runner_init)
+
+
+def disarm() -> None:
+    """Undo :func:`arm` (stock FedML again in this process)."""
+    PATCHES["fedml"].undo()

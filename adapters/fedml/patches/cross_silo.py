@@ -1,0 +1,150 @@
+"""FedML cross-silo (one process per silo and one server, over MPI or FedML's gRPC):
+fedbalance's training and aggregation (behind FedML's DP and defence hooks), Astraea's relay,
+resume, a gRPC silo that waits for its server, and LightSecAgg (:mod:`fl_adapters.fedml.secure`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fl_adapters.fedml import secure
+from fl_adapters.fedml.adapter import aggregate, current
+from fl_adapters.fedml.astraea import with_rad
+from fl_adapters.fedml.patches.distributed import (
+    all_uploaded,
+    downlink_round,
+    forwarding,
+    relay,
+    resume_server,
+    server_astraea,
+    server_checkpoint,
+    tag_init,
+    train,
+    update_model,
+)
+
+HOST = "fedml-cross-silo"
+
+
+def client_init(self: Any, original: Any, msg_params: Any) -> Any:
+    server_round = downlink_round(msg_params)
+    out = original(self, msg_params)  # trains round 0 and counts it
+    if server_round is not None:
+        self.round_idx = server_round
+    return out
+
+
+def client_sync(self: Any, original: Any, msg_params: Any) -> Any:
+    server_round = downlink_round(msg_params)
+    if server_round is not None:  # FedML trains while its count is below comm_round
+        self.round_idx = server_round - 1
+    return original(self, msg_params)
+
+
+def send_init(self: Any, original: Any) -> Any:
+    run = current()
+    astraea = server_astraea(self)
+    if astraea is None:
+        return original(self)
+    astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
+    run.planned_round = "init"
+    params = with_rad(
+        self.aggregator.get_global_model_params(), astraea.planner.rad, self.args.round_idx + 1
+    )
+    for hop in astraea.first_hops():  # the round's model goes to each mediator's first silo
+        self.send_message_init_config(hop.owner, params, hop.clients[0], None, None)
+    return None
+
+
+def receive(self: Any, original: Any, msg_params: Any) -> Any:
+    astraea = server_astraea(self)
+    if astraea is None:
+        return original(self, msg_params)
+    from fedml.cross_silo.server.message_define import MyMessage
+
+    def pass_on(hop: Any, params: Any) -> None:
+        with forwarding():
+            self.send_message_sync_model_to_client(hop.owner, params, hop.clients[0])
+
+    sender = relay(self, astraea, msg_params, MyMessage, pass_on)
+    if sender is None:
+        return None
+    all_uploaded(self.aggregator, self.aggregator.client_num, self.client_real_ids.index(sender))
+    return original(self, msg_params)
+
+
+def send_sync(
+    self: Any, original: Any, receive_id: Any, params: Any, client_index: Any, *a: Any, **kw: Any
+) -> Any:
+    run = current()
+    astraea = server_astraea(self)
+    if astraea is None or run.forwarding:
+        return original(self, receive_id, params, client_index, *a, **kw)
+    if self.args.round_idx + 1 >= self.round_num:  # the final model: every silo, then finish
+        return original(self, receive_id, params, client_index, *a, **kw)
+    if run.planned_round != self.args.round_idx:  # FedML has picked the next round
+        astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
+        run.planned_round = self.args.round_idx
+    if int(receive_id) not in astraea.first_receivers():
+        return None, None
+    # FedML sends the next round's model before it counts the round it has just finished.
+    params = with_rad(params, astraea.planner.rad, self.args.round_idx + 2)
+    return original(self, receive_id, params, client_index, *a, **kw)
+
+
+def client_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
+    if str(getattr(self.args, "backend", "")) == "GRPC" and not self.has_sent_online_msg:
+        from fl_adapters.fedml.ipconfig import wait_for_server
+
+        wait_for_server(self.args)  # FedML's silo dies if its one status send finds no server
+    return original(self, msg_params)
+
+
+def server_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
+    if not self.is_initialized:
+        resume_server(self)  # before FedML picks the first round's silos
+    if str(getattr(self.args, "backend", "")) == "GRPC" and not self.is_initialized:
+        from fl_adapters.fedml.ipconfig import expect_silos
+
+        expect_silos(self)  # FedML's server would wait forever for a silo never started
+    return original(self, msg_params)
+
+
+def aggregate_round(self: Any, original: Any) -> Any:
+    run = current()
+    if run.silo_astraea is not None:  # one update per mediator, not per silo
+        model_list = run.silo_astraea.model_list()
+    else:
+        model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.client_num)]
+    model_list, idxes = self.aggregator.on_before_aggregation(
+        model_list
+    )  # FedML's DP/defence hooks
+    averaged = aggregate(model_list, self.get_global_model_params())
+    averaged = self.aggregator.on_after_aggregation(averaged)
+    self.set_global_model_params(averaged)
+    server_checkpoint(self, averaged)
+    return averaged, model_list, idxes
+
+
+SILO = "fedml.cross_silo"
+SERVER = (f"{SILO}.server.fedml_server_manager", "FedMLServerManager")
+CLIENT = (f"{SILO}.client.fedml_client_master_manager", "ClientMasterManager")
+TRAINER = (f"{SILO}.client.fedml_trainer", "FedMLTrainer")
+#: ``(module, class, method, replacement)``
+TARGETS = (
+    (*TRAINER, "train", train),
+    (f"{SILO}.server.fedml_aggregator", "FedMLAggregator", "aggregate", aggregate_round),
+    # Resume: the silos learn the server's round.
+    (*SERVER, "send_message_init_config", tag_init),
+    (*CLIENT, "handle_message_init", client_init),
+    (*CLIENT, "handle_message_receive_model_from_server", client_sync),
+    # Astraea: the server relays each mediator's model between silos.
+    (*TRAINER, "update_model", update_model),
+    (*SERVER, "send_init_msg", send_init),
+    (*SERVER, "handle_message_receive_model_from_client", receive),
+    (*SERVER, "send_message_sync_model_to_client", send_sync),
+    # gRPC: start-up order.
+    (*CLIENT, "handle_message_connection_ready", client_connection_ready),
+    (*SERVER, "handle_message_connection_ready", server_connection_ready),
+    *secure.TARGETS,
+)

@@ -1,0 +1,126 @@
+"""FedML sp simulation (``FedAvgAPI``): fedbalance's client training, aggregation, Astraea's
+mediators, and checkpoints with resume.
+
+FedML trains the sampled clients one after another on one shared model object, then calls
+``FedAvgAPI._aggregate``; the wrappers save the round's global model before that, train each
+client (or each mediator) from it, and aggregate the round's updates with fedbalance. A
+resumed run replays FedML's loop without training the rounds the checkpoint holds, so every
+random draw after them is the one the checkpointed run made.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from fl_adapters.checkpoint import check_plan
+from fl_adapters.fedml import checkpoint
+from fl_adapters.fedml.adapter import aggregate, clean_params, current, train_with_validation
+from fl_adapters.fedml.astraea import SpAstraea
+
+log = logging.getLogger(__name__)
+
+HOST = "fedml-sp"
+
+
+def client_train(self: Any, original: Any, w_global: Any) -> Any:
+    run = current()
+    if run.skipping:  # a round the resumed checkpoint holds
+        return w_global
+    if run.astraea is not None:
+        # FedML's w_global aliases the shared model, which the previous mediator has trained:
+        # every mediator starts from the round's global model, saved before any training.
+        return run.astraea.train_slot(self, copy.deepcopy(run.round_global))
+    return train_with_validation(
+        self.model_trainer,
+        w_global,
+        self.local_training_data,
+        int(self.client_idx),
+        self.device,
+        self.args,
+    )
+
+
+def train(self: Any, original: Any) -> Any:
+    run = current()
+    if checkpoint.resume_path(self.args) is not None:
+        ckpt = checkpoint.load(self.args)
+        ckpt.check_model(
+            clean_params(self.model_trainer.get_model_params()), checkpoint.resume_path(self.args)
+        )
+        self.model_trainer.set_model_params(ckpt.model)
+        run.aggregator.load_state_dict(ckpt.aggregator)
+        run.resume = ckpt
+        log.info(
+            "fedbalance: FedML sp resumes after round %d of %d", ckpt.round, self.args.comm_round
+        )
+    result = original(self)
+    save_checkpoint(self, int(self.args.comm_round))
+    return result
+
+
+def save_checkpoint(self: Any, rounds_done: int) -> None:
+    """sp's checkpoint after ``rounds_done`` rounds, taken as the next round begins (after
+    FedML's test, which draws from torch's RNG through its shuffling loaders)."""
+    run = current()
+    astraea = run.astraea
+    checkpoint.save(
+        self.args,
+        rounds_done,
+        self.model_trainer.get_model_params(),
+        run.aggregator,
+        plan=astraea.planner.plan.as_dict() if astraea is not None else None,
+        rng=checkpoint.rng_state(),
+    )
+
+
+def client_sampling(self: Any, original: Any, round_idx: Any, *a: Any, **kw: Any) -> Any:
+    run = current()
+    ckpt = run.resume
+    done = int(round_idx)  # rounds completed before this one
+    run.skipping = ckpt is not None and done < ckpt.round
+    if ckpt is not None and done == ckpt.round and ckpt.rng is not None:
+        checkpoint.restore_rng(ckpt.rng)  # where the checkpointed run stood at this point
+    elif done > 0 and not run.skipping:
+        save_checkpoint(self, done)
+    # The round's global model, before the clients train the shared model object in place.
+    run.round_global = copy.deepcopy(self.model_trainer.get_model_params())
+    sampled = original(self, round_idx, *a, **kw)
+    agg = run.aggregator
+    if not getattr(agg, "mediated", False):
+        return sampled
+    if run.astraea is None:
+        run.astraea = SpAstraea(self, agg, run.seed)
+        if ckpt is not None:
+            check_plan(ckpt.plan, run.astraea.planner.plan.as_dict())
+    return run.astraea.sample(sampled)
+
+
+def local_test(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
+    run = current()
+    if run.skipping:  # the checkpointed run tested this round
+        return None
+    return original(self, *a, **kw)
+
+
+def aggregate_round(self: Any, original: Any, w_locals: list[tuple[Any, Any]]) -> Any:
+    run = current()
+    if run.skipping:  # the model stays the checkpoint's
+        return run.round_global
+    if run.astraea is not None:  # one update per mediator, not per client slot
+        w_locals = run.astraea.model_list()
+    return aggregate(w_locals, run.round_global)
+
+
+SP = "fedml.simulation.sp.fedavg"
+API = (f"{SP}.fedavg_api", "FedAvgAPI")
+#: ``(module, class, method, replacement)``
+TARGETS = (
+    (f"{SP}.client", "Client", "train", client_train),
+    (*API, "_client_sampling", client_sampling),
+    (*API, "_aggregate", aggregate_round),
+    (*API, "train", train),  # checkpoints and resume
+    (*API, "_local_test_on_all_clients", local_test),
+    (*API, "_local_test_on_validation_set", local_test),
+)
