@@ -7,6 +7,7 @@ trainer classes call: a few local epochs, and the loss/accuracy of a model on a 
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -23,6 +24,24 @@ def stream_seed(*parts: Any) -> int:
     """A 63-bit seed from any tuple of values, stable across processes and hosts."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def evaluates(round_number: int, every: int, rounds: int | None) -> bool:
+    """Whether round ``round_number`` (from 1) is evaluated: every ``every`` rounds, and the
+    run's last (``rounds``; ``None`` when the driver does not say how many there are)."""
+    return round_number % every == 0 or round_number == rounds
+
+
+def evaluated_clients(num_clients: int, fraction: float, seed: int, round_number: int) -> list[int]:
+    """The clients (ids ``0..num_clients-1``, ascending) that evaluate round ``round_number``:
+    all of them at ``fraction`` 1, else ``max(1, round(fraction * num_clients))`` drawn from a
+    stream of their own (seed and round), so sampling for evaluation never moves the draws of
+    training, and every host evaluates the same clients."""
+    if fraction >= 1.0:
+        return list(range(num_clients))
+    size = min(num_clients, max(1, round(fraction * num_clients)))
+    rng = random.Random(stream_seed("fedbalance-eval", seed, round_number))
+    return sorted(rng.sample(range(num_clients), size))
 
 
 def make_optimizer(

@@ -94,6 +94,7 @@ class RunConfig:
     split: list[float] = field(default_factory=lambda: [0.7, 0.1, 0.2])
     max_samples: int | None = None
     eval_every: int = 1
+    eval_fraction: float = 1.0
     eval_data: str = "clients"
     port: int = 29500
     backend: str = "mpi"
@@ -128,18 +129,12 @@ class RunConfig:
                 f"eval_data: {self.eval_data} is for the FedLab frameworks; {self.framework} "
                 "reports FedML's own test metrics"
             )
-        if self.framework.startswith("flower"):
-            # Flower's strategy loop evaluates every round on the clients' test splits.
-            if self.eval_data != "clients":
-                raise ConfigError(
-                    f"eval_data must be clients for {self.framework} (Flower evaluates on the "
-                    f"clients' test splits); got {self.eval_data!r}"
-                )
-            if self.eval_every != 1:
-                raise ConfigError(
-                    f"eval_every must be 1 for {self.framework} (Flower evaluates every round); "
-                    f"got {self.eval_every!r}"
-                )
+        if self.framework.startswith("flower") and self.eval_data != "clients":
+            # Flower's strategy loop evaluates on the clients' test splits.
+            raise ConfigError(
+                f"eval_data must be clients for {self.framework} (Flower evaluates on the "
+                f"clients' test splits); got {self.eval_data!r}"
+            )
         if isinstance(self.partition, str):
             self.partition = {"name": self.partition}
         if not isinstance(self.partition, dict) or not isinstance(self.partition.get("name"), str):
@@ -166,6 +161,22 @@ class RunConfig:
         _int("batch_size", self.batch_size, 1)
         _int("seed", self.seed, 0, MAX_SEED)
         _int("eval_every", self.eval_every, 1)
+        _float("eval_fraction", self.eval_fraction, 0.0)
+        if self.eval_fraction > 1.0:
+            raise ConfigError(
+                f"eval_fraction must be in (0, 1] (the share of clients evaluated), got "
+                f"{self.eval_fraction!r}"
+            )
+        if self.eval_fraction < 1.0 and self.eval_data == "test":
+            raise ConfigError(
+                "eval_fraction samples clients: it is for eval_data: clients or val, not test "
+                "(the dataset's test set is one evaluation)"
+            )
+        if self.eval_fraction < 1.0 and self.framework.startswith("fedml"):
+            raise ConfigError(
+                f"eval_fraction must be 1 for {self.framework}: FedML tests every client itself "
+                f"(its frequency_of_the_test is eval_every); got {self.eval_fraction!r}"
+            )
         _int("port", self.port, 1024, 65535)
         if self.max_samples is not None:
             _int("max_samples", self.max_samples, 1)

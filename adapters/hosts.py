@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 #: ``fedbalance run`` config fields a resumed run may change (a longer run continues a
 #: shorter one); the same on every built-in host.
-MAY_CHANGE = ("rounds", "eval_every", "data_dir")
+MAY_CHANGE = ("rounds", "eval_every", "eval_fraction", "data_dir")
 
 
 @dataclass(frozen=True)

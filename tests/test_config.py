@@ -34,20 +34,56 @@ def test_bad_field_names_field_range_and_value(field: str, value: object, messag
     assert message in str(err.value)
 
 
+def test_flower_evaluates_on_the_clients() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict({"framework": "flower", "eval_data": "test"})
+    assert "eval_data must be clients for flower (Flower evaluates on the" in str(err.value)
+    cfg = RunConfig.from_dict({"framework": "flower", "eval_every": 2, "eval_fraction": 0.5})
+    assert (cfg.eval_every, cfg.eval_fraction) == (2, 0.5)
+
+
 @pytest.mark.parametrize(
-    ("field", "value", "message"),
+    ("change", "message"),
     [
-        ("eval_every", 2, "eval_every must be 1 for flower (Flower evaluates every round); got 2"),
-        ("eval_data", "test", "eval_data must be clients for flower (Flower evaluates on the"),
+        ({"eval_fraction": 0}, "eval_fraction must be a finite float > 0.0, got 0"),
+        (
+            {"eval_fraction": 1.5},
+            "eval_fraction must be in (0, 1] (the share of clients evaluated), got 1.5",
+        ),
+        ({"eval_fraction": float("nan")}, "eval_fraction must be a finite float > 0.0, got nan"),
+        ({"eval_fraction": "half"}, "eval_fraction must be a finite float > 0.0, got 'half'"),
+        (
+            {"eval_fraction": 0.5, "eval_data": "test"},
+            "eval_fraction samples clients: it is for eval_data: clients or val",
+        ),
+        (
+            {"eval_fraction": 0.5, "framework": "fedml-sp"},
+            "eval_fraction must be 1 for fedml-sp: FedML tests every client itself",
+        ),
     ],
-    ids=["eval-every", "eval-data"],
+    ids=["zero", "above-one", "nan", "string", "test-set", "fedml"],
 )
-def test_flower_evaluates_every_round_on_the_clients(
-    field: str, value: object, message: str
+def test_eval_fraction_is_a_share_of_clients_where_the_host_can_sample(
+    change: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ConfigError) as err:
-        RunConfig.from_dict({"framework": "flower", field: value})
+        RunConfig.from_dict(change)
     assert message in str(err.value)
+
+
+def test_evaluated_clients_are_a_seeded_draw_of_their_own() -> None:
+    """The same clients for a seed and round on every host; all of them at fraction 1; the
+    last round always evaluated."""
+    from fl_adapters._training import evaluated_clients, evaluates
+
+    assert evaluated_clients(5, 1.0, 0, 3) == [0, 1, 2, 3, 4]
+    drawn = evaluated_clients(1000, 0.05, 7, 3)
+    assert drawn == sorted(drawn) and len(set(drawn)) == 50 and max(drawn) < 1000
+    assert drawn == evaluated_clients(1000, 0.05, 7, 3)
+    assert drawn != evaluated_clients(1000, 0.05, 7, 4) != evaluated_clients(1000, 0.05, 8, 3)
+    assert evaluated_clients(3, 0.01, 0, 1) != []  # at least one client
+    assert [r for r in range(1, 8) if evaluates(r, 3, 7)] == [3, 6, 7]
+    assert [r for r in range(1, 5) if evaluates(r, 2, None)] == [2, 4]
 
 
 def test_unknown_keys_are_rejected_with_the_allowed_ones() -> None:

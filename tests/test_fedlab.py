@@ -251,3 +251,28 @@ def test_every_fedlab_algorithm_class_applies_fedloss_or_is_refused_when_built(
     stock = probe_fedlab(tmp_path / "stock.json")
     assert stock.keys() == got.keys() and not any(v.startswith("refused") for v in stock.values())
     assert all(stock[c] == "ok" for c in APPLIES)
+
+
+def test_evaluation_every_k_rounds_on_a_seeded_share_of_the_clients(tmp_path: Path) -> None:
+    """``eval_every: 2, eval_fraction: 0.5``: rounds 2 and 3 (the last) are evaluated, each on
+    the test splits of the clients :func:`evaluated_clients` draws for it; training is the
+    run's that evaluates everyone every round (evaluation draws from a stream of its own)."""
+    from fl_adapters._training import evaluated_clients
+    from fl_adapters.experiment import training_data
+
+    base = {"partition": {"name": "label_dirichlet", "beta": 0.5}, "aggregator": "fedloss"}
+    base |= {"num_clients": 6, "clients_per_round": 3, "rounds": 3, "seed": 5}
+    every = digits_run(base, {})
+    sampled = digits_run(base, {"eval_every": 2, "eval_fraction": 0.5})
+    run_standalone(every, tmp_path / "every", progress=False)
+    run_standalone(sampled, tmp_path / "sampled", progress=False)
+    rows = {k: records(tmp_path / k / "metrics.jsonl") for k in ("every", "sampled")}
+    assert [("test_accuracy" in r) for r in rows["sampled"]] == [False, True, True]
+    splits = training_data(sampled)[2].splits
+    for row in rows["sampled"][1:]:
+        chosen = evaluated_clients(6, 0.5, 5, row["round"])
+        assert len(chosen) == 3
+        assert row["test_samples"] == sum(len(splits[c]["test"]) for c in chosen)
+    assert rows["every"][-1]["test_samples"] == sum(len(s["test"]) for s in splits)
+    for a, b in zip(rows["every"], rows["sampled"], strict=True):
+        assert (a["clients"], a["weights"]) == (b["clients"], b["weights"])

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_adapters._training import evaluate
+from fl_adapters._training import evaluate, evaluated_clients, evaluates
 from fl_adapters.checkpoint import NAME as CHECKPOINT
 from fl_adapters.checkpoint import (
     Checkpoint,
@@ -124,14 +124,14 @@ class MetricsWriter:
         self.checkpoint_path = out_dir / CHECKPOINT
         self.rows: list[dict[str, Any]] = resumed_rows(self.path, resume_from)
         self.path.write_text("".join(json_line(r) for r in self.rows))
+        #: ``eval_data: test``: the dataset's test set; otherwise each round's evaluated
+        #: clients' splits are read when they evaluate (:meth:`evaluation_data`).
+        self.test: list[Any] | None = None
         if exp.config.eval_data == "test":
             from fedbalance_benchmarks.datasets import load_dataset
 
             cfg = exp.config
             self.test = [load_dataset(cfg.dataset, train=False, data_dir=cfg.data_dir)]
-        else:  # "clients" reads the test splits, "val" the validation splits
-            split = "val" if exp.config.eval_data == "val" else "test"
-            self.test = [exp.data.get_dataset(c, split) for c in range(exp.data.num)]
         self.param_bytes = sum(p.numel() * p.element_size() for p in exp.model.parameters())
         self.astraea: Any = None  # the AstraeaPlanner of an Astraea run
         #: Standalone: the serial trainer, whose counts of samples trained (and, for Astraea,
@@ -152,6 +152,16 @@ class MetricsWriter:
                 disable=None,
             )
 
+    def evaluation_data(self, round_number: int) -> list[Any]:
+        """What round ``round_number`` is evaluated on: the test set, or the test (``eval_data:
+        val``: validation) splits of the clients :func:`evaluated_clients` draws."""
+        if self.test is not None:
+            return self.test
+        cfg, data = self.exp.config, self.exp.data
+        split = "val" if cfg.eval_data == "val" else "test"
+        chosen = evaluated_clients(data.num, cfg.eval_fraction, cfg.seed, round_number)
+        return [data.get_dataset(c, split) for c in chosen]
+
     def __call__(
         self,
         handler: FedBalanceServerHandler,
@@ -168,8 +178,8 @@ class MetricsWriter:
             "rejected": len(result.rejected),
             "skipped": result.skipped,
         }
-        if rnd % self.exp.config.eval_every == 0 or rnd == self.exp.config.rounds:
-            loss, acc, n = evaluate(handler.model, self.test)
+        if evaluates(rnd, self.exp.config.eval_every, self.exp.config.rounds):
+            loss, acc, n = evaluate(handler.model, self.evaluation_data(rnd))
             pre = metric_prefix(self.exp.config)
             row.update({f"{pre}_loss": loss, f"{pre}_accuracy": acc, f"{pre}_samples": n})
         if "bounded" in result.extra:  # clients whose count or loss a bound lowered

@@ -24,12 +24,26 @@ from pathlib import Path
 from typing import Any
 
 from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, refuse_changes
-from fl_adapters.flower.config import CHECKPOINT_KEY, RESUME_KEY, WHERE
+from fl_adapters.flower.config import (
+    CHECKPOINT_KEY,
+    EVAL_EVERY_KEY,
+    EVAL_FRACTION_KEY,
+    RESUME_KEY,
+    WHERE,
+)
 
 HOST = "flower"
 ROUNDS_KEY = "num-server-rounds"
-#: Run-config keys a resumed run may change.
-MAY_CHANGE = (ROUNDS_KEY, "out-dir", "data-dir", CHECKPOINT_KEY, RESUME_KEY)
+#: Run-config keys a resumed run may change (evaluation draws from a stream of its own).
+MAY_CHANGE = (
+    ROUNDS_KEY,
+    "out-dir",
+    "data-dir",
+    CHECKPOINT_KEY,
+    RESUME_KEY,
+    EVAL_EVERY_KEY,
+    EVAL_FRACTION_KEY,
+)
 
 
 def identity(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -32,8 +32,21 @@ SEED_KEY = "seed"
 CHECKPOINT_KEY = "checkpoint-dir"
 #: A checkpoint (its file or directory) to continue the run from ("" or absent: a new run).
 RESUME_KEY = "resume-from"
+#: Evaluate every this many rounds (and the last); 1: every round.
+EVAL_EVERY_KEY = "eval-every"
+#: The share of nodes that evaluate a round, drawn per round from the seed (1.0: every node;
+#: absent: Flower's ``fraction_evaluate``).
+EVAL_FRACTION_KEY = "eval-fraction"
 #: The keys fedbalance owns in a Flower app's run config (others belong to the app).
-KEYS = (AGGREGATOR_KEY, ARGS_KEY, SEED_KEY, CHECKPOINT_KEY, RESUME_KEY)
+KEYS = (
+    AGGREGATOR_KEY,
+    ARGS_KEY,
+    SEED_KEY,
+    CHECKPOINT_KEY,
+    RESUME_KEY,
+    EVAL_EVERY_KEY,
+    EVAL_FRACTION_KEY,
+)
 WHERE = "[tool.flwr.app.config]"
 
 
@@ -48,6 +61,9 @@ class AppConfig:
     seed : seeds the strategy's node sampling (and whatever the app derives from it).
     checkpoint_dir : where the strategy checkpoints after every round ("": nowhere).
     resume_from : the checkpoint to continue from ("": start a new run).
+    eval_every : evaluate every this many rounds, and the last.
+    eval_fraction : the share of nodes that evaluate, drawn per round (``None``: Flower's
+        ``fraction_evaluate``).
     """
 
     aggregator: str = "fedavg"
@@ -55,6 +71,8 @@ class AppConfig:
     seed: int = 0
     checkpoint_dir: str = ""
     resume_from: str = ""
+    eval_every: int = 1
+    eval_fraction: float | None = None
 
 
 def parse_run_config(run_config: Mapping[str, Any]) -> AppConfig:
@@ -96,10 +114,25 @@ def parse_run_config(run_config: Mapping[str, Any]) -> AppConfig:
                 f"got {value!r} ({type(value).__name__})"
             )
         paths[key] = value.strip()
+    every = run_config.get(EVAL_EVERY_KEY, 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ConfigError(f"{WHERE} {EVAL_EVERY_KEY} must be an int >= 1, got {every!r}")
+    fraction = run_config.get(EVAL_FRACTION_KEY)
+    if fraction is not None and (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, (int, float))
+        or not 0.0 < fraction <= 1.0
+    ):
+        raise ConfigError(
+            f"{WHERE} {EVAL_FRACTION_KEY} must be a number in (0, 1] (the share of nodes that "
+            f"evaluate), got {fraction!r}"
+        )
     return AppConfig(
         aggregator=name.strip(),
         aggregator_args=args,
         seed=seed,
         checkpoint_dir=paths[CHECKPOINT_KEY],
         resume_from=paths[RESUME_KEY],
+        eval_every=every,
+        eval_fraction=None if fraction is None else float(fraction),
     )

@@ -35,7 +35,12 @@ from typing import Any
 from fl_adapters.checkpoint import NAME, CheckpointError, keep_recorded_rounds, resume_hint
 from fl_adapters.config import ConfigError, RunConfig, RunFailed
 from fl_adapters.experiment import json_doc, json_line
-from fl_adapters.flower.config import CHECKPOINT_KEY, RESUME_KEY
+from fl_adapters.flower.config import (
+    CHECKPOINT_KEY,
+    EVAL_EVERY_KEY,
+    EVAL_FRACTION_KEY,
+    RESUME_KEY,
+)
 from fl_adapters.processes import (
     descendants,
     exit_reason,
@@ -253,6 +258,8 @@ def app_values(config: RunConfig, out_dir: Path, resume: bool = False) -> dict[s
         "optimizer": config.optimizer,
         "lr": config.lr,
         "max-samples": config.max_samples or 0,
+        EVAL_EVERY_KEY: config.eval_every,
+        EVAL_FRACTION_KEY: config.eval_fraction,
         "out-dir": str(out_dir / "app"),
         CHECKPOINT_KEY: str(out_dir),
         RESUME_KEY: str(out_dir) if resume else "",
@@ -356,8 +363,9 @@ def _simulate(
 def collect(config: RunConfig, out_dir: Path, elapsed_s: float | None = None) -> dict[str, Any]:
     """Per-round rows from the aggregation record and the app's evaluation, and the summary.
 
-    ``test_accuracy`` is Flower's federated evaluation: every client's test split, averaged
-    by size -- the FedLab runner's ``eval_data: clients``. Astraea rounds add ``mediators``
+    ``test_accuracy`` is Flower's federated evaluation of the rounds ``eval_every`` picks: the
+    test splits of the clients ``eval_fraction`` draws (all by default), averaged by size --
+    the FedLab runner's ``eval_data: clients``. Astraea rounds add ``mediators``
     and ``mediator_kl``, as the FedLab and FedML rows do; the summary adds the run's wall time
     (``elapsed_s``, Flower's start-up included).
     """

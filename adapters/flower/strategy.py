@@ -48,6 +48,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from fl_adapters._training import evaluated_clients, evaluates
 from fl_adapters.checkpoint import NAME, Checkpoint, restore_sampler, sampler_state
 from fl_adapters.config import ConfigError
 from fl_adapters.flower import checkpoint
@@ -120,6 +121,11 @@ class FedBalanceStrategy(FedAvg):
     run_config : what else defines the run (the app's run config): recorded in the checkpoint,
         and a resumed run must match it (but for :data:`~fl_adapters.flower.checkpoint.
         MAY_CHANGE`).
+    evaluate_every : evaluate every this many rounds and the last (1: every round).
+    evaluate_fraction : the share of nodes that evaluate a round, drawn per round from ``seed``
+        on a stream of its own, the clients every host draws
+        (:func:`~fl_adapters._training.evaluated_clients`); ``None``: Flower's
+        ``fraction_evaluate``.
     **fedavg_kwargs : Flower ``FedAvg``'s own arguments (``fraction_train``,
         ``min_train_nodes``, ``min_available_nodes``, ...). ``weighted_by_key`` only weighs
         the *evaluation* metrics; training is weighed by the aggregator.
@@ -136,9 +142,15 @@ class FedBalanceStrategy(FedAvg):
         checkpoint_dir: str | Path | None = None,
         resume_from: str | Path | None = None,
         run_config: Mapping[str, Any] | None = None,
+        evaluate_every: int = 1,
+        evaluate_fraction: float | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
+        self.evaluate_every = evaluate_every
+        self.evaluate_fraction = evaluate_fraction
+        #: The run's rounds, once :meth:`start` knows them (its last round is evaluated).
+        self.num_rounds: int | None = None
         self.aggregator = make_aggregator(aggregator, aggregator_args, mediated=mediated)
         self.checkpoint_path = Path(checkpoint_dir) / NAME if checkpoint_dir else None
         self.resume_from = Path(resume_from) if resume_from else None
@@ -202,10 +214,14 @@ class FedBalanceStrategy(FedAvg):
         size = min(len(connected), max(int(len(connected) * fraction), minimum))
         if size == len(connected):
             return sorted(connected)  # everyone: no draw, so the RNG stream does not depend on it
+        nodes = self.by_client(grid, connected)
+        return [nodes[i] for i in sample_round(self.rng, len(nodes), size)]
+
+    def by_client(self, grid: Grid, connected: list[int]) -> list[int]:
+        """``connected`` ordered by the client id each reported (asked once, :meth:`identify`)."""
         if any(n not in self.client_ids and n not in self.unidentified for n in connected):
             self.identify(grid, connected)
-        nodes = sorted(connected, key=self._order)
-        return [nodes[i] for i in sample_round(self.rng, len(nodes), size)]
+        return sorted(connected, key=self._order)
 
     def _order(self, node: int) -> tuple[int, int]:
         client = self.client_ids.get(node)
@@ -250,7 +266,18 @@ class FedBalanceStrategy(FedAvg):
     ) -> Iterable[Message]:
         if fraction == 0.0:
             return []
-        nodes = self.sample(grid, fraction, minimum)
+        return self._messages(
+            server_round, arrays, config, self.sample(grid, fraction, minimum), kind
+        )
+
+    def _messages(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        nodes: list[int],
+        kind: str,
+    ) -> Iterable[Message]:
         log.info("%s round %s: sampled nodes %s", kind, server_round, nodes)
         config["server-round"] = server_round
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
@@ -313,15 +340,32 @@ class FedBalanceStrategy(FedAvg):
         if self.wrapper is not None:
             # The model the wrapper kept (with its noise): what the checkpoint must hold.
             self.round_params = to_state_dict(arrays)
-        return self._configure(
-            server_round + self.round_offset,
-            arrays,
-            config,
-            grid,
-            self.fraction_evaluate,
-            self.min_evaluate_nodes,
-            MessageType.EVALUATE,
-        )
+        server_round += self.round_offset
+        if not evaluates(server_round, self.evaluate_every, self.num_rounds):
+            return []
+        if self.evaluate_fraction is None:
+            return self._configure(
+                server_round,
+                arrays,
+                config,
+                grid,
+                self.fraction_evaluate,
+                self.min_evaluate_nodes,
+                MessageType.EVALUATE,
+            )
+        nodes = self.evaluation_nodes(grid, server_round)
+        return self._messages(server_round, arrays, config, nodes, MessageType.EVALUATE)
+
+    def evaluation_nodes(self, grid: Grid, server_round: int) -> list[int]:
+        """The nodes of the clients :func:`~fl_adapters._training.evaluated_clients` draws for
+        this round, nodes ordered by client id as for training."""
+        assert self.evaluate_fraction is not None
+        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
+        chosen = evaluated_clients(len(connected), self.evaluate_fraction, self.seed, server_round)
+        if len(chosen) == len(connected):
+            return sorted(connected)
+        nodes = self.by_client(grid, connected)
+        return [nodes[i] for i in chosen]
 
     # -- aggregation ------------------------------------------------------------------------
     def aggregate_train(
@@ -454,6 +498,7 @@ class FedBalanceStrategy(FedAvg):
                 num_rounds - ckpt.round,
             )
         self._evaluate_fn = evaluate_fn
+        self.num_rounds = num_rounds
         super().start(
             grid,
             initial_arrays,
@@ -594,6 +639,8 @@ def strategy_from_run_config(
         "checkpoint_dir": cfg.checkpoint_dir or None,
         "resume_from": cfg.resume_from or None,
         "run_config": run_config,
+        "evaluate_every": cfg.eval_every,
+        "evaluate_fraction": cfg.eval_fraction,
         **fedavg_kwargs,
     }
     if needs_mediators(agg):

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from flower_runs import FEDAVGM, fedbalance, lines
+from flower_runs import FEDAVGM, fedbalance, finished, lines
 
 
 @pytest.mark.slow
@@ -35,11 +35,8 @@ def test_fedbalance_run_on_flower_writes_metrics_and_summary(
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [
-        ({"eval_every": 2}, "eval_every must be 1 for flower"),
-        ({"eval_data": "test"}, "eval_data must be clients for flower"),
-    ],
-    ids=["eval-every", "eval-data"],
+    [({"eval_data": "test"}, "eval_data must be clients for flower")],
+    ids=["eval-data"],
 )
 def test_fedbalance_run_on_flower_refuses_what_it_cannot_run(
     tmp_path: Path, change: dict[str, object], message: str
@@ -65,3 +62,31 @@ def test_thesis_grid_on_flower_stands_beside_the_committed_hosts() -> None:
     assert (
         thesis_report.committed_hosts_table(flower, {**opts, "rounds": 7}) == ""
     )  # other settings
+
+
+@pytest.mark.slow
+def test_eval_every_and_eval_fraction_pick_the_rounds_and_clients(
+    tmp_path: Path, fedavgm_whole: Path
+) -> None:
+    """``eval_every: 2, eval_fraction: 0.34``: round 2 (the last) alone is evaluated, on the one
+    client :func:`evaluated_clients` draws (its test accuracy is the final model's on that
+    client's test split); training is the run's that evaluates every node every round."""
+    import tomllib
+    import torch
+
+    from fedbalance_benchmarks.flower_app.task import client_data, model_of
+    from fl_adapters._training import evaluate, evaluated_clients
+
+    out = finished(tmp_path, {**FEDAVGM, "eval_every": 2, "eval_fraction": 0.34}) / "out"
+    rows = lines(out / "metrics.jsonl")
+    assert [("test_accuracy" in r) for r in rows] == [False, True]
+    config = tomllib.loads((out / "run_config.toml").read_text())
+    (chosen,) = evaluated_clients(FEDAVGM["num_clients"], 0.34, FEDAVGM["seed"], 2)
+    model = model_of(config)
+    model.load_state_dict(torch.load(out / "app" / "final.pt"))
+    _, accuracy, _ = evaluate(model, [client_data(config, chosen)["test"]])
+    assert rows[1]["test_accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    every = lines(fedavgm_whole / "out" / "metrics.jsonl")
+    assert [(r["clients"], r["weights"]) for r in rows] == [
+        (r["clients"], r["weights"]) for r in every
+    ]
