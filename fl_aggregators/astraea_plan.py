@@ -180,6 +180,11 @@ def assign_mediators(counts: Any, gamma: int) -> list[list[int]]:
     """
     arr = check_counts(counts)
     check_positive_int("gamma", gamma, note="clients per mediator")
+    return _assign_mediators_reference(arr, gamma)
+
+
+def _assign_mediators_reference(arr: NDArray[np.float64], gamma: int) -> list[list[int]]:
+    """The greedy in numpy: every unassigned client's KL at every step."""
     unassigned = list(range(arr.shape[0]))
     mediators: list[list[int]] = []
     while unassigned:
