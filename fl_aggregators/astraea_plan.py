@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fl_aggregators import _kl_screen
 from fl_partitions.params import ParameterError, check_float, check_positive_int
 
 
@@ -173,13 +174,23 @@ def plan_rebalance(
     )
 
 
+#: Below this many clients the greedy runs in numpy alone (the screen's setup would cost more).
+SCREEN_MIN_CLIENTS = 64
+
+
 def assign_mediators(counts: Any, gamma: int) -> list[list[int]]:
     """Algorithm 3: greedy KL-to-uniform grouping of clients into mediators of <= ``gamma``.
 
     Returns the client ids of every mediator in the order they were taken (training order).
+    From ``SCREEN_MIN_CLIENTS`` clients on, a compiled screen narrows each step's candidates to
+    a short list that provably holds the pick, and numpy's expression decides among it (see
+    :mod:`fl_aggregators._kl_screen`): the same assignment as the plain numpy loop, which
+    takes O(n^2 C) numpy work (~30 s for 10^4 clients and 47 classes).
     """
     arr = check_counts(counts)
     check_positive_int("gamma", gamma, note="clients per mediator")
+    if arr.shape[0] >= SCREEN_MIN_CLIENTS and _kl_screen.available():
+        return _assign_mediators_screened(arr, gamma)
     return _assign_mediators_reference(arr, gamma)
 
 
@@ -198,6 +209,44 @@ def _assign_mediators_reference(arr: NDArray[np.float64], gamma: int) -> list[li
             members.append(pick)
             pool += arr[pick]
             unassigned.remove(pick)
+        mediators.append(members)
+    return mediators
+
+
+def _assign_mediators_screened(arr: NDArray[np.float64], gamma: int) -> list[list[int]]:
+    """The greedy with the compiled screen; numpy's expression decides every pick."""
+    factor = _kl_screen.scale(arr)
+    if factor is None:  # counts outside the range the screen's error bounds cover
+        return _assign_mediators_reference(arr, gamma)
+    n, classes = arr.shape
+    screen = _kl_screen.Screen(arr, factor)
+    # A mediator's first pick sees an empty pool: one ranking serves them all (the same
+    # expression, rows in ascending id order among equal rounded values).
+    first = np.round(_kl_uniform(np.zeros(classes) + arr), 12)
+    order = np.lexsort((np.arange(n), first)).tolist()
+    taken = [False] * n
+    head = 0
+    mediators: list[list[int]] = []
+    left = n
+    while left:
+        members: list[int] = []
+        pool = np.zeros(classes)
+        while left and len(members) < gamma:
+            if not members:
+                while taken[order[head]]:
+                    head += 1
+                pick = order[head]
+            else:
+                shortlist = screen.shortlist(pool)
+                pick = int(shortlist[0])
+                if len(shortlist) > 1:  # today's expression on the ids that may win
+                    kl = _kl_uniform(pool + arr[shortlist])
+                    pick = int(shortlist[int(np.argmin(np.round(kl, 12)))])
+            members.append(pick)
+            pool += arr[pick]
+            taken[pick] = True
+            screen.remove(pick)
+            left -= 1
         mediators.append(members)
     return mediators
 
