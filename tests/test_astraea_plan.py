@@ -13,7 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_adapters.cli import main
+from fl_aggregators import _kl_screen
 from fl_aggregators.astraea_plan import (
+    SCREEN_MIN_CLIENTS,
+    _assign_mediators_reference,
+    _assign_mediators_screened,
+    _kl_uniform,
     assign_mediators,
     clip_counts,
     mediator_kl,
@@ -93,6 +98,144 @@ def test_mediators_reduce_kl_on_skewed_clients() -> None:
     assert assign_mediators(counts, 8) == mediators  # deterministic
 
 
+def label_skew(n: int, classes: int, beta: float, seed: int) -> np.ndarray:
+    """Integer label counts: client sizes 20..600, class shares drawn from Dirichlet(beta)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(20, 601, n)
+    shares = rng.dirichlet(np.full(classes, beta), n)
+    return np.stack([rng.multinomial(s, p) for s, p in zip(sizes, shares, strict=True)]) * 1.0
+
+
+def near_ties(n: int, classes: int, seed: int) -> np.ndarray:
+    """Rows that are column permutations and multiples of a few rows: their KL to uniform is
+    equal in exact arithmetic and differs in the last bits in numpy's (after rounding to 12
+    decimals, some tie and some do not), and duplicates, all-equal and zero rows among them."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 30, (3, classes)) * rng.choice([1.0, 0.1, 1.37], (3, 1))
+    rows = [rng.permutation(base[rng.integers(3)]) * rng.choice([1, 2, 3, 7]) for _ in range(n)]
+    counts = np.array(rows)
+    counts[rng.random(n) < 0.1] = 0
+    counts[rng.random(n) < 0.1] = 5.0
+    return counts
+
+
+# (counts, gamma): integer and float counts, gamma 1 (every pick is a mediator's first),
+# gamma beyond n (one mediator), 2 and 3 classes (many ties), and the near-ties above.
+SCREEN_CASES = {
+    "beta-0.5": (label_skew(300, 47, 0.5, 0), 10),
+    "beta-0.1": (label_skew(300, 47, 0.1, 1), 7),
+    "float-x1.37": (label_skew(250, 10, 0.5, 2) * 1.37, 5),
+    "per-class-factor": (
+        label_skew(250, 10, 0.3, 3) * np.random.default_rng(3).uniform(0.2, 3, 10),
+        4,
+    ),
+    "non-integer": (np.random.default_rng(4).uniform(0, 5, (200, 6)) ** 3, 9),
+    "gamma-1": (label_skew(200, 10, 0.5, 5), 1),
+    "gamma-2": (label_skew(200, 47, 0.1, 6), 2),
+    "gamma-above-n": (label_skew(120, 10, 0.5, 7), 500),
+    "two-classes": (np.random.default_rng(8).integers(0, 4, (200, 2)) * 1.0, 6),
+    "three-classes": (np.random.default_rng(9).integers(0, 3, (150, 3)) * 0.5, 4),
+    "near-ties": (near_ties(200, 8, 10), 5),
+    "near-ties-2": (near_ties(200, 4, 11), 3),
+    "all-equal": (np.full((100, 5), 3.0), 8),
+    "all-zero": (np.zeros((90, 4)), 7),
+    "zero-rows": (np.where(np.arange(150)[:, None] % 3 == 0, 0, label_skew(150, 12, 0.5, 12)), 6),
+    "tiny-values": (label_skew(150, 10, 0.5, 13) * 1e-200, 5),
+    "huge-values": (label_skew(150, 10, 0.5, 14) * 1e200, 5),
+}
+
+
+@pytest.mark.parametrize("case", list(SCREEN_CASES), ids=list(SCREEN_CASES))
+def test_screened_mediators_are_numpys(case: str) -> None:
+    """The compiled screen only narrows each pick to ids that may win; numpy's expression
+    decides among them, so the assignment is the numpy loop's, list for list."""
+    counts, gamma = SCREEN_CASES[case]
+    assert _kl_screen.scale(counts) is not None  # the screen runs on every case
+    assert _assign_mediators_screened(counts, gamma) == _assign_mediators_reference(counts, gamma)
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        np.vstack([label_skew(100, 5, 0.5, 15), [[1e-40, 0, 0, 0, 0]]]),  # 2^100 below the total
+        label_skew(100, 5, 0.5, 16) * 1e290,  # total above 2^900
+        np.full((100, 3), 1e-300),  # total below 2^-900
+    ],
+    ids=["wide-range", "huge-total", "tiny-total"],
+)
+def test_counts_outside_the_screens_bounds_take_the_numpy_loop(counts: np.ndarray) -> None:
+    assert _kl_screen.scale(counts) is None
+    assert assign_mediators(counts, 4) == _assign_mediators_reference(counts, 4)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0, 0.5, 1.37, 10.0]), min_size=3, max_size=3),
+        min_size=1,
+        max_size=40,
+    ),
+    gamma=st.integers(1, 45),
+)
+def test_screened_mediators_are_numpys_on_small_alphabets(
+    rows: list[list[float]], gamma: int
+) -> None:
+    # Few distinct values: duplicated rows, permuted rows and exact ties everywhere.
+    counts = np.array(rows)
+    assert _assign_mediators_screened(counts, gamma) == _assign_mediators_reference(counts, gamma)
+
+
+def test_assign_mediators_screens_from_the_threshold_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = label_skew(SCREEN_MIN_CLIENTS, 10, 0.5, 17)
+    calls: list[int] = []
+    screened = _assign_mediators_screened
+
+    def spy(arr: np.ndarray, gamma: int) -> list[list[int]]:
+        calls.append(len(arr))
+        return screened(arr, gamma)
+
+    monkeypatch.setattr("fl_aggregators.astraea_plan._assign_mediators_screened", spy)
+    expected = _assign_mediators_reference(counts, 5)
+    assert assign_mediators(counts, 5) == expected and calls == [SCREEN_MIN_CLIENTS]
+    assert assign_mediators(counts[:-1], 5) == _assign_mediators_reference(counts[:-1], 5)
+    monkeypatch.setenv("FEDBALANCE_KERNELS", "0")  # the documented switch: numpy alone
+    assert assign_mediators(counts, 5) == expected and calls == [SCREEN_MIN_CLIENTS]
+
+
+@pytest.mark.parametrize("classes", [2, 3, 8, 9, 47, 130])
+def test_numpys_kl_of_a_row_does_not_depend_on_the_rows_beside_it(classes: int) -> None:
+    # What the screen's identity rests on: numpy's value of a row, computed among all the
+    # candidates, is the one it has alone, among a few, or among its duplicates.
+    rows = label_skew(700, classes, 0.3, classes) * 1.37
+    together = _kl_uniform(rows)
+    for i in (0, 1, 7, 350, 699):
+        assert _kl_uniform(rows[i : i + 1])[0] == together[i]
+        assert _kl_uniform(rows[i : i + 3])[0] == together[i]
+        assert np.all(_kl_uniform(np.repeat(rows[i : i + 1], 9, axis=0)) == together[i])
+
+
+@pytest.mark.parametrize("classes", [2, 10, 47])
+def test_screen_values_stay_within_their_proven_bounds(classes: int) -> None:
+    """The error bounds the short lists rest on, against numpy's values: both stages' values,
+    for pools of 0 to 20 clients."""
+    counts = label_skew(400, classes, 0.3, classes) * np.random.default_rng(0).uniform(
+        0.5, 2, classes
+    )
+    screen = _kl_screen.Screen(counts, _kl_screen.scale(counts))  # type: ignore[arg-type]
+    bound32 = _kl_screen.screen_error(classes) + _kl_screen.numpy_error(classes)
+    worst32 = worst64 = 0.0
+    for members in (0, 1, 2, 5, 20):
+        pool = counts[:members].sum(axis=0)
+        screen.shortlist(pool)
+        ids = screen.lane_id[: screen.m]
+        numpy_kl = _kl_uniform(pool + counts[ids])
+        worst32 = max(worst32, float(np.max(np.abs(screen.f[: screen.m] - numpy_kl))))
+        kl64 = [_kl_screen._kl64(pool, counts[i]) for i in ids]
+        worst64 = max(worst64, float(np.max(np.abs(np.array(kl64) - numpy_kl))))
+    assert worst32 <= bound32 / 4  # the bounds are doubled: a slack of 4 still holds
+    assert worst64 <= _kl_screen.numpy_error(classes)
+
+
 def test_one_clients_count_lie_is_bounded() -> None:
     # 60 honest clients with 30 samples of each of 10 classes but only 3 of class 9: the plan
     # augments class 9. A liar claiming 1000x class 9 hides it from augmentation under the
@@ -128,8 +271,9 @@ def test_one_clients_count_lie_is_bounded() -> None:
             "gamma must be an int >= 1 (clients per mediator), got 0",
         ),
         (lambda: assign_mediators([[1, 2], [3]], gamma=2), "clients x classes matrix"),
+        (lambda: assign_mediators([[1]] * 100, gamma=2), "with >= 2 classes, got shape (100, 1)"),
     ],
-    ids=["tau-d", "count-clip", "negative-size", "gamma", "ragged"],
+    ids=["tau-d", "count-clip", "negative-size", "gamma", "ragged", "one-class"],
 )
 def test_bad_input_is_a_clear_error(call, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError) as err:
