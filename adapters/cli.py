@@ -335,6 +335,7 @@ BENCHES = {
     "perf-aggregate": "fedbalance_benchmarks.perf_aggregate",
     "perf-partition": "fedbalance_benchmarks.perf_partition",
     "reliability": "fedbalance_benchmarks.reliability",
+    "scale": "fedbalance_benchmarks.scale",
     "hostile": "fedbalance_benchmarks.hostile",
     "thesis": "fedbalance_benchmarks.thesis",
 }
