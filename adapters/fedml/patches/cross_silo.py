@@ -10,24 +10,13 @@ from typing import Any
 from fl_adapters.fedml import secure
 from fl_adapters.fedml.adapter import aggregate, current
 from fl_adapters.fedml.astraea import with_rad
-from fl_adapters.fedml.patches.distributed import (
-    all_uploaded,
-    downlink_round,
-    forwarding,
-    relay,
-    resume_server,
-    server_astraea,
-    server_checkpoint,
-    tag_init,
-    train,
-    update_model,
-)
+from fl_adapters.fedml.patches import distributed as shared
 
 HOST = "fedml-cross-silo"
 
 
 def client_init(self: Any, original: Any, msg_params: Any) -> Any:
-    server_round = downlink_round(msg_params)
+    server_round = shared.downlink_round(msg_params)
     out = original(self, msg_params)  # trains round 0 and counts it
     if server_round is not None:
         self.round_idx = server_round
@@ -35,7 +24,7 @@ def client_init(self: Any, original: Any, msg_params: Any) -> Any:
 
 
 def client_sync(self: Any, original: Any, msg_params: Any) -> Any:
-    server_round = downlink_round(msg_params)
+    server_round = shared.downlink_round(msg_params)
     if server_round is not None:  # FedML trains while its count is below comm_round
         self.round_idx = server_round - 1
     return original(self, msg_params)
@@ -43,7 +32,7 @@ def client_sync(self: Any, original: Any, msg_params: Any) -> Any:
 
 def send_init(self: Any, original: Any) -> Any:
     run = current()
-    astraea = server_astraea(self)
+    astraea = shared.server_astraea(self)
     if astraea is None:
         return original(self)
     astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
@@ -57,19 +46,21 @@ def send_init(self: Any, original: Any) -> Any:
 
 
 def receive(self: Any, original: Any, msg_params: Any) -> Any:
-    astraea = server_astraea(self)
+    astraea = shared.server_astraea(self)
     if astraea is None:
         return original(self, msg_params)
     from fedml.cross_silo.server.message_define import MyMessage
 
     def pass_on(hop: Any, params: Any) -> None:
-        with forwarding():
+        with shared.forwarding():
             self.send_message_sync_model_to_client(hop.owner, params, hop.clients[0])
 
-    sender = relay(self, astraea, msg_params, MyMessage, pass_on)
+    sender = shared.relay(self, astraea, msg_params, MyMessage, pass_on)
     if sender is None:
         return None
-    all_uploaded(self.aggregator, self.aggregator.client_num, self.client_real_ids.index(sender))
+    shared.all_uploaded(
+        self.aggregator, self.aggregator.client_num, self.client_real_ids.index(sender)
+    )
     return original(self, msg_params)
 
 
@@ -77,7 +68,7 @@ def send_sync(
     self: Any, original: Any, receive_id: Any, params: Any, client_index: Any, *a: Any, **kw: Any
 ) -> Any:
     run = current()
-    astraea = server_astraea(self)
+    astraea = shared.server_astraea(self)
     if astraea is None or run.forwarding:
         return original(self, receive_id, params, client_index, *a, **kw)
     if self.args.round_idx + 1 >= self.round_num:  # the final model: every silo, then finish
@@ -102,7 +93,7 @@ def client_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
 
 def server_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
     if not self.is_initialized:
-        resume_server(self)  # before FedML picks the first round's silos
+        shared.resume_server(self)  # before FedML picks the first round's silos
     if str(getattr(self.args, "backend", "")) == "GRPC" and not self.is_initialized:
         from fl_adapters.fedml.ipconfig import expect_silos
 
@@ -122,7 +113,7 @@ def aggregate_round(self: Any, original: Any) -> Any:
     averaged = aggregate(model_list, self.get_global_model_params())
     averaged = self.aggregator.on_after_aggregation(averaged)
     self.set_global_model_params(averaged)
-    server_checkpoint(self, averaged)
+    shared.server_checkpoint(self, averaged)
     return averaged, model_list, idxes
 
 
@@ -132,14 +123,14 @@ CLIENT = (f"{SILO}.client.fedml_client_master_manager", "ClientMasterManager")
 TRAINER = (f"{SILO}.client.fedml_trainer", "FedMLTrainer")
 #: ``(module, class, method, replacement)``
 TARGETS = (
-    (*TRAINER, "train", train),
+    (*TRAINER, "train", shared.train),
     (f"{SILO}.server.fedml_aggregator", "FedMLAggregator", "aggregate", aggregate_round),
     # Resume: the silos learn the server's round.
-    (*SERVER, "send_message_init_config", tag_init),
+    (*SERVER, "send_message_init_config", shared.tag_init),
     (*CLIENT, "handle_message_init", client_init),
     (*CLIENT, "handle_message_receive_model_from_server", client_sync),
     # Astraea: the server relays each mediator's model between silos.
-    (*TRAINER, "update_model", update_model),
+    (*TRAINER, "update_model", shared.update_model),
     (*SERVER, "send_init_msg", send_init),
     (*SERVER, "handle_message_receive_model_from_client", receive),
     (*SERVER, "send_message_sync_model_to_client", send_sync),

@@ -11,24 +11,13 @@ from typing import Any
 
 from fl_adapters.fedml.adapter import aggregate, current
 from fl_adapters.fedml.astraea import with_rad
-from fl_adapters.fedml.patches.distributed import (
-    all_uploaded,
-    downlink_round,
-    forwarding,
-    relay,
-    resume_server,
-    server_astraea,
-    server_checkpoint,
-    tag_init,
-    train,
-    update_model,
-)
+from fl_adapters.fedml.patches import distributed as shared
 
 HOST = "fedml-mpi"
 
 
 def client_init(self: Any, original: Any, msg_params: Any) -> Any:
-    server_round = downlink_round(msg_params)
+    server_round = shared.downlink_round(msg_params)
     out = original(self, msg_params)  # counts from round 0 and trains it
     if server_round is not None:
         self.args.round_idx = server_round - 1
@@ -38,7 +27,7 @@ def client_init(self: Any, original: Any, msg_params: Any) -> Any:
 
 
 def client_sync(self: Any, original: Any, msg_params: Any) -> Any:
-    server_round = downlink_round(msg_params)
+    server_round = shared.downlink_round(msg_params)
     if server_round is not None:  # FedML adds one, trains, and stops after the last round
         self.args.round_idx = server_round - 2
     return original(self, msg_params)
@@ -54,7 +43,7 @@ def client_sampling(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
 def plan(manager: Any) -> Any:
     """MPI simulation: the Astraea relay of the round FedML has just sampled (planned once)."""
     run = current()
-    astraea = server_astraea(manager)
+    astraea = shared.server_astraea(manager)
     if astraea is not None and run.planned_round != manager.args.round_idx:
         workers = list(range(1, manager.size))  # worker w trains FedML's client_indexes[w-1]
         astraea.plan_round(workers, run.mpi_sampled[: len(workers)])
@@ -64,7 +53,7 @@ def plan(manager: Any) -> Any:
 
 def send_init(self: Any, original: Any) -> Any:
     run = current()
-    resume_server(self)
+    shared.resume_server(self)
     if not getattr(run.aggregator, "mediated", False):
         return original(self)
 
@@ -82,7 +71,7 @@ def send_init(self: Any, original: Any) -> Any:
 
 def receive(self: Any, original: Any, msg_params: Any) -> Any:
     run = current()
-    astraea = server_astraea(self)
+    astraea = shared.server_astraea(self)
     if astraea is None:
         return original(self, msg_params)
     from fedml.simulation.mpi.fedavg.message_define import MyMessage
@@ -91,13 +80,13 @@ def receive(self: Any, original: Any, msg_params: Any) -> Any:
         if self.args.round_idx == (run.first_round or 0):  # a worker's first message: init
             self.send_message_init_config(hop.owner, params, hop.clients[0])
         else:
-            with forwarding():
+            with shared.forwarding():
                 self.send_message_sync_model_to_client(hop.owner, params, hop.clients[0])
 
-    sender = relay(self, astraea, msg_params, MyMessage, pass_on)
+    sender = shared.relay(self, astraea, msg_params, MyMessage, pass_on)
     if sender is None:
         return None
-    all_uploaded(self.aggregator, self.aggregator.worker_num, sender - 1)
+    shared.all_uploaded(self.aggregator, self.aggregator.worker_num, sender - 1)
     return original(self, msg_params)
 
 
@@ -121,7 +110,7 @@ def aggregate_round(self: Any, original: Any) -> Any:
         model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.worker_num)]
     averaged = aggregate(model_list, self.get_global_model_params())
     self.set_global_model_params(averaged)
-    server_checkpoint(self, averaged)
+    shared.server_checkpoint(self, averaged)
     return averaged
 
 
@@ -132,14 +121,14 @@ TRAINER = (f"{MPI}.FedAVGTrainer", "FedAVGTrainer")
 AGGREGATOR = (f"{MPI}.FedAVGAggregator", "FedAVGAggregator")
 #: ``(module, class, method, replacement)``
 TARGETS = (
-    (*TRAINER, "train", train),
+    (*TRAINER, "train", shared.train),
     (*AGGREGATOR, "aggregate", aggregate_round),
     # Resume: the clients learn the server's round.
-    (*SERVER, "send_message_init_config", tag_init),
+    (*SERVER, "send_message_init_config", shared.tag_init),
     (*CLIENT, "handle_message_init", client_init),
     (*CLIENT, "handle_message_receive_model_from_server", client_sync),
     # Astraea: the server relays each mediator's model between workers.
-    (*TRAINER, "update_model", update_model),
+    (*TRAINER, "update_model", shared.update_model),
     (*AGGREGATOR, "client_sampling", client_sampling),
     (*SERVER, "send_init_msg", send_init),
     (*SERVER, "handle_message_receive_model_from_client", receive),
