@@ -235,3 +235,95 @@ def test_chained_rounds_match_a_fresh_aggregator_each_round() -> None:
         g = agg.aggregate(g, ups[r]).params
         for key, value in expected.items():
             assert torch.equal(g[key], value), (r, key)
+
+
+# -- the median's comparator networks ----------------------------------------------------------
+def _bitwise(got: np.ndarray, expected: np.ndarray) -> None:
+    """Equal bit for bit, except that any NaN equals any NaN and -0.0 equals 0.0 (they tie:
+    which one a selection returns depends on its order of comparisons, numpy's as well)."""
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)  # NaN where numpy has NaN, zeros equal
+    plain = ~np.isnan(expected) & (expected != 0)
+    ints = np.int32 if got.dtype == np.float32 else np.int64
+    np.testing.assert_array_equal(got[plain].view(ints), expected[plain].view(ints))
+
+
+@pytest.mark.parametrize("k", range(1, 13))
+def test_median_network_is_right_for_every_zero_one_input(k: int) -> None:
+    # The 0-1 principle: a comparator network that places every 0/1 input right places
+    # every input right.
+    net = _kernels.median_network(k)
+    x = (np.arange(1 << k)[:, None] >> np.arange(k)) & 1  # every 0/1 input, one per row
+    for a, b, kind in net:
+        lo, hi = np.minimum(x[:, a], x[:, b]), np.maximum(x[:, a], x[:, b])
+        if kind != 2:
+            x[:, a] = lo
+        if kind != 1:
+            x[:, b] = hi
+    s = np.sort((np.arange(1 << k)[:, None] >> np.arange(k)) & 1, axis=1)
+    for wire in {(k - 1) // 2, k // 2}:
+        np.testing.assert_array_equal(x[:, wire], s[:, wire])
+
+
+def test_median_network_sizes() -> None:
+    # Pruned to what reaches the middle wires: far below a full sort of the next power of two.
+    assert len(_kernels.median_network(10)) == 29
+    assert len(_kernels.median_network(100)) == 898
+    assert len(_kernels.median_network(1)) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_median_is_numpy_median_bit_for_bit_for_1_to_130_clients(dtype, two_threads) -> None:  # type: ignore[no-untyped-def]
+    # Up to REGISTER_CLIENTS the network runs in registers, above it in groups then on rows;
+    # lengths: several whole blocks plus a tail that is no whole register (copied, all of the
+    # network on rows), and a short odd tensor that is all tail.
+    g = torch.Generator().manual_seed(7)
+    for k in range(1, 131):
+        m = _kernels.median_block(k, torch.empty(0, dtype=dtype).element_size())
+        sizes = [2 * m + 16 + 5, 7]
+        cols = [[torch.randn(s, generator=g, dtype=dtype) for _ in range(k)] for s in sizes]
+        big = cols[0]
+        big[k - 1][3] = float("nan")  # in a block of whole registers
+        big[0][2 * m + 16 + 2] = float("nan")  # in the tail
+        big[k // 2][m + 1] = float("inf")
+        big[0][m + 2] = float("-inf")
+        big[(k - 1) // 2][m + 3] = big[k // 2][m + 3] = 0.0  # ties
+        big[-1][m + 4] = -0.0 if k > 1 else 0.0
+        got, finite = _kernels.median(cols)
+        for col, out in zip(cols, got, strict=True):
+            expected = np.median(np.stack([t.numpy() for t in col]), axis=0)
+            _bitwise(out.numpy(), expected.astype(out.numpy().dtype))
+        assert not finite  # the NaNs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_median_of_two_huge_middle_values_overflows_as_numpy(dtype: torch.dtype) -> None:
+    # numpy averages the two middle values in their own dtype: float32 3e38 + 3e38 is inf.
+    top = torch.finfo(dtype).max
+    for k in (2, 4, 20):  # in registers, and sorted groups merged on rows
+        # 40 values: whole registers; 5: a tail, copied
+        cols = [
+            [torch.full((n,), top if i >= k // 2 - 1 else -top, dtype=dtype) for i in range(k)]
+            for n in (40, 5)
+        ]
+        got, finite = _kernels.median(cols)
+        for col, out in zip(cols, got, strict=True):
+            with np.errstate(over="ignore"):
+                expected = np.median(np.stack([t.numpy() for t in col]), axis=0)
+            assert np.isposinf(expected).all()
+            _bitwise(out.numpy(), expected)
+        assert not finite
+
+
+def test_median_of_integer_buffers_rounds_numpy_median() -> None:
+    # int64 (BatchNorm's counters) are not the kernels': torch takes them, in float64, rounded
+    # back half to even, next to float columns that the kernels take.
+    g = torch.Generator().manual_seed(3)
+    for k in (2, 3, 10, 25, 40):
+        ints = [torch.randint(0, 1000, (4, 1111), generator=g) for _ in range(k)]
+        floats = [torch.randn(3000, generator=g) for _ in range(k)]
+        got = medians([ints, floats])
+        expected = np.median(np.stack([t.numpy() for t in ints]), axis=0)
+        assert got[0].dtype == torch.int64
+        np.testing.assert_array_equal(got[0].numpy(), np.round(expected).astype(np.int64))
+        _bitwise(got[1].numpy(), np.median(np.stack([t.numpy() for t in floats]), axis=0))
