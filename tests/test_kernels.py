@@ -41,7 +41,7 @@ def test_the_kernels_are_what_runs_here() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 8, 9, 33])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 8, 9, 10, 16, 17, 33])
 def test_weighted_sum_rounds_the_exact_sum_once(k: int, dtype: torch.dtype, two_threads) -> None:  # type: ignore[no-untyped-def]
     cols = make_columns(k, dtype, seed=k)
     w = torch.rand(k, dtype=torch.float64, generator=torch.Generator().manual_seed(k))
@@ -59,12 +59,15 @@ def test_weighted_sum_rounds_the_exact_sum_once(k: int, dtype: torch.dtype, two_
             assert torch.allclose(out, exact, rtol=eps, atol=eps)
 
 
-def test_weighted_sum_does_not_depend_on_the_thread_split(two_threads) -> None:  # type: ignore[no-untyped-def]
-    cols = make_columns(6, torch.float32)
-    w = torch.full((6,), 1 / 6, dtype=torch.float64)
-    split = weighted_means(cols, w)
+@pytest.mark.parametrize("k", [6, 20])  # in registers, and through the float64 block
+def test_weighted_sum_does_not_depend_on_the_thread_split(k: int, two_threads) -> None:  # type: ignore[no-untyped-def]
+    # A split puts a coordinate in a whole register or among the lanes done one by one (at
+    # either end of a thread's share): both must add in the same order.
+    cols = make_columns(k, torch.float32)
+    w = torch.rand(k, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    split = weighted_means(cols, w / w.sum())
     torch.set_num_threads(1)
-    whole = weighted_means(cols, w)
+    whole = weighted_means(cols, w / w.sum())
     assert all(torch.equal(a, b) for a, b in zip(split, whole, strict=True))
 
 
