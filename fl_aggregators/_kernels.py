@@ -84,8 +84,18 @@ def available() -> bool:
 
 
 if numba is not None:
+
+    def _has_avx() -> bool:
+        """Whether numba compiles for a CPU with AVX (the host's, unless NUMBA_CPU_NAME
+        names another; then only the features NUMBA_CPU_FEATURES lists count)."""
+        if getattr(numba.config, "CPU_NAME", None) in (None, "host"):
+            features = llvm_binding.get_host_cpu_features().flatten()
+        else:
+            features = getattr(numba.config, "CPU_FEATURES", None) or ""
+        return "+avx," in features + ","
+
     #: x86 with AVX: the median's min/max are vminps/vmaxps on 32-byte registers.
-    _AVX = "+avx," in llvm_binding.get_host_cpu_features().flatten() + ","
+    _AVX = _has_avx()
 
     @intrinsic
     def _ptr(typingctx: Any, addr: Any, like: Any) -> Any:
