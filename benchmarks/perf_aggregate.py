@@ -621,6 +621,36 @@ def _versions() -> str:
     return ", ".join(parts) + f"; fedbalance aggregates with its {kernels}"
 
 
+def _how() -> str:
+    """How fedbalance's times come about: what its kernels do, for the reader of the ratios."""
+    from fl_aggregators import _kernels
+
+    if not _kernels.available():
+        return (
+            "How fedbalance gets there: numba is missing or turned off, so these are its torch "
+            "fallback's times (blocked torch ops per tensor)."
+        )
+    g = _kernels.REGISTER_CLIENTS
+    return (
+        "How fedbalance gets there (`fl_aggregators/_kernels.py`, numba): one compiled call "
+        "per round over every float tensor of every client, split in equal shares over as "
+        "many threads as torch has (the floor's threads). FedAvg/FedLoss: up to "
+        f"{g} clients, each 32-byte register of coordinates (8 float32) is read from every "
+        "client, weighted and added in float64 registers and written once, so the memory "
+        "traffic is the floor's reads plus one write of the model; more clients: a float64 "
+        f"block of {_kernels.BLOCK} values in L1 takes four clients per pass. Median: "
+        "Batcher's odd-even merge sort pruned to the comparators that reach the two middle "
+        f"values ({len(_kernels.median_network(10))} for 10 clients, "
+        f"{len(_kernels.median_network(100))} for 100), one min and one max instruction per "
+        f"comparator on a register of coordinates; up to {g} clients the whole network runs "
+        "in registers (each value read once, the median written once); more clients: groups "
+        f"of {g} are sorted in registers into a block buffer (up to "
+        f"{_kernels.MEDIAN_BLOCK} coordinates x clients, {_kernels.MEDIAN_BYTES >> 10} KiB, "
+        "in L2) and only the comparators that merge the groups run on its rows. Results are "
+        "`numpy.median`'s (NaN anywhere gives NaN; the two middle values' mean in their dtype)."
+    )
+
+
 def write(
     records: list[dict[str, Any]],
     checks: list[tuple[str, bool]],
@@ -678,6 +708,7 @@ def write(
         f"not the int64 BatchNorm counters). `floor`: `torch.sum` over each client's flat "
         f"vector, i.e. reading every value once. torch-stacked median is `torch.median`, the "
         f"lower middle value for an even client count.\n\n"
+        f"{_how()}\n\n"
     )
     notes = [
         f"- {r['impl']} {r['operation']}, {r['clients']} clients: {r['note']}"
