@@ -583,7 +583,7 @@ def run(
         checks += [(f"{k} clients: {text}", ok) for text, ok in chk]
         info = info or inf
     load = f"load average {load_start} at the start, {_load()} at the end"
-    write(records, checks, info, layout, out_dir, repeats, load)
+    write(records, checks, info, layout, out_dir, repeats, load, threads)
     return records, all(ok for _, ok in checks)
 
 
@@ -659,6 +659,7 @@ def write(
     out_dir: Path,
     repeats: int,
     load: str = "",
+    threads: int | None = None,
 ) -> None:
     from fl_adapters._table import markdown_table
 
@@ -703,7 +704,8 @@ def write(
         f"{(mem or 0) / 1e9:.0f} GB free at the end, torch {torch.get_num_threads()} threads, "
         f"{load}.\n"
         f"{_versions()}. {flower_line}\n"
-        f"Regenerate: `fedbalance bench perf-aggregate`.\n\n"
+        f"Regenerate: `fedbalance bench perf-aggregate"
+        f"{'' if threads is None else f' --threads {threads}'}`.\n\n"
         f"`params`: values aggregated per client (flat vectors carry the float tensors only, "
         f"not the int64 BatchNorm counters). `floor`: `torch.sum` over each client's flat "
         f"vector, i.e. reading every value once. torch-stacked median is `torch.median`, the "
