@@ -76,7 +76,9 @@ def weighted_mean(tensors: Sequence[torch.Tensor], weights: torch.Tensor) -> tor
     w = [float(x) for x in weights]
     out = torch.empty(first.shape, dtype=acc_dtype)
     flat_out = out.view(-1)
-    flats = [t.reshape(-1) for t in tensors]
+    # In the accumulator's dtype: an int64 tensor times a Python float is float32 in torch,
+    # which put integer buffers' averages within float32 error of a rounding boundary.
+    flats = [t.reshape(-1).to(acc_dtype) for t in tensors]
     n = flat_out.numel()
     for start in range(0, n, BLOCK):
         stop = min(n, start + BLOCK)
@@ -242,7 +244,9 @@ def median(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     acc_dtype = _accumulator_dtype(first.dtype)
     out = torch.empty(first.shape, dtype=acc_dtype)
     flat_out = out.view(-1)
-    flats = [t.reshape(-1) for t in tensors]
+    # In the accumulator's dtype: an int64 tensor times a Python float is float32 in torch,
+    # which put integer buffers' averages within float32 error of a rounding boundary.
+    flats = [t.reshape(-1).to(acc_dtype) for t in tensors]
     n = flat_out.numel()
     lo, hi = (k - 1) // 2, k // 2
     if k <= NETWORK_MAX_CLIENTS:

@@ -80,6 +80,16 @@ def test_client_order_does_not_matter(name: str, k: int, data) -> None:  # type:
 
 
 @pytest.mark.parametrize("name", AGGREGATORS)
+def test_integer_buffers_do_not_depend_on_client_order(name: str) -> None:
+    """0.3 * 1 + 0.7 * 46 is 32.5: averaged in float32 (an int64 tensor times a Python float,
+    in torch) the two orders gave 32 and 33; in float64 both round half to even."""
+    ups = updates([1, 596], [36, 84], [0.5, 0.5])
+    a = make(name).aggregate(model(0), ups).params["steps"]
+    b = make(name).aggregate(model(0), ups[::-1]).params["steps"]
+    assert a.dtype == torch.int64 and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", AGGREGATORS)
 def test_output_has_input_shapes_and_dtypes(name: str) -> None:
     r = make(name).aggregate(model(0), updates([1, 2, 3], [5, 6, 7], [0.3, 0.4, 0.5]))
     assert isinstance(r.params, OrderedDict)
