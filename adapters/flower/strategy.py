@@ -107,6 +107,10 @@ def needs_mediators(agg: Aggregator) -> bool:
     )
 
 
+#: Nodes asked for their client id in one ``send_and_receive`` (:meth:`FedBalanceStrategy.identify`).
+IDENTIFY_BATCH = 256
+
+
 class FedBalanceStrategy(FedAvg):
     """Flower's ``FedAvg`` with a fedbalance aggregator doing the aggregation.
 
@@ -233,10 +237,15 @@ class FedBalanceStrategy(FedAvg):
         its place by node id, with a warning: sampling is then not reproducible across runs."""
         record = RecordDict({self.configrecord_key: ConfigRecord({QUERY_KEY: IDENTIFY})})
         asked = [n for n in nodes if n not in self.client_ids and n not in self.unidentified]
-        replies = grid.send_and_receive(
-            self._construct_messages(record, asked, MessageType.QUERY),
-            timeout=self.identify_timeout,
-        )
+        replies: list[Message] = []
+        # In batches: Flower's in-memory state scans every stored message for each one it
+        # hands out, so one send of 10^4 queries took ~8 minutes here (and passed the timeout).
+        for start in range(0, len(asked), IDENTIFY_BATCH):
+            batch = asked[start : start + IDENTIFY_BATCH]
+            replies += grid.send_and_receive(
+                self._construct_messages(record, batch, MessageType.QUERY),
+                timeout=self.identify_timeout,
+            )
         for msg in replies:
             node = msg.metadata.src_node_id
             client = None
