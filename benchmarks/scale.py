@@ -3,7 +3,8 @@ simulation, and Astraea's mediator planning at that scale.
 
 Each host runs ``fedbalance run`` in a process of its own (FedLab standalone and FedML sp in
 this environment, Flower's simulation engine in Flower's): Fashion-MNIST split iid over
-10^2, 10^3 and 10^4 clients, a fixed number of clients a round, one local epoch, FedLoss,
+10^2, 10^3 and 10^4 clients with the same 6 training samples on every client at every size
+(``max_samples`` = 6 x clients), a fixed number of clients a round, one local epoch, FedLoss,
 evaluation every second round on as many clients as train (``eval_fraction`` = per round /
 clients; FedML tests every client itself, in its own rounds 1, 3, ... and the last). The
 times come from the aggregation record every host writes (``aggregations.jsonl``: seconds
@@ -47,7 +48,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "fedbalance bench scale"
 HOSTS = ("fedlab", "fedml-sp", "flower")
 SIZES = (100, 1000, 10_000)
+ROUNDS, PER_ROUND = 4, 10
+#: Training samples per client: Fashion-MNIST's 60,000 over 10^4 clients.
+SAMPLES_PER_CLIENT = 6
 PLAN_SIZES = (1000, 10_000)
+PLAN_CLASSES = 47
 
 #: Runs ``fedbalance run CONFIG --out OUT`` and prints the largest resident set (KiB) of this
 #: process and of the processes it waited for.
@@ -75,6 +80,8 @@ def run_config(host: str, clients: int, rounds: int, per_round: int, seed: int) 
         "local_epochs": 1,
         "seed": seed,
         "eval_every": 2,
+        # The same data on every client at every size: the whole dataset at the largest.
+        "max_samples": SAMPLES_PER_CLIENT * clients,
         "eval_fraction": 1.0 if host.startswith("fedml") else min(1.0, per_round / clients),
     }
 
@@ -95,13 +102,22 @@ def measure(host: str, config: dict[str, Any], work: Path, timeout: float) -> di
     python = flower_python() if host == "flower" else Path(sys.executable)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     started = time.perf_counter()
-    done = subprocess.run(
-        [str(python), "-c", _CHILD, str(cfg_path), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    try:
+        done = subprocess.run(
+            [str(python), "-c", _CHILD, str(cfg_path), str(out)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        record = out / "aggregations.jsonl"
+        rounds = len(record.read_text().splitlines()) if record.exists() else 0
+        return {
+            "host": host,
+            "clients": config["num_clients"],
+            "error": f"stopped at the {timeout:.0f} s limit after {rounds} round(s)",
+        }
     wall = time.perf_counter() - started
     if done.returncode != 0:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
@@ -176,9 +192,11 @@ def report(record: dict[str, Any], out_dir: Path) -> str:
         "# Scale: clients per host, per-round cost and memory",
         "",
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        f"Python {platform.python_version()}. Regenerate: `{record['command']}`.",
+        f"Python {platform.python_version()}. Regenerate: `{command(record)}` "
+        "(`--no-run` rewrites this report from `scale.json`).",
         "",
-        f"Fashion-MNIST iid, {record['per_round']} clients a round, {record['rounds']} rounds, "
+        f"Fashion-MNIST iid, {SAMPLES_PER_CLIENT} training samples on every client, "
+        f"{record['per_round']} clients a round, {record['rounds']} rounds, "
         "1 local epoch, FedLoss, seed 0; evaluation every second round and the last, on as many "
         "clients as train (FedML: every client, in rounds 1, 3, ... and the last). Seconds are "
         "wall time on a shared 2-core machine (how each column is measured: the module's "
@@ -241,8 +259,28 @@ def report(record: dict[str, Any], out_dir: Path) -> str:
     return text
 
 
+def command(record: dict[str, Any]) -> str:
+    """The command that measures what ``record`` holds (its defaults left out)."""
+    parts = [COMMAND]
+    sizes = sorted({r["clients"] for r in record["hosts"]})
+    hosts = list(dict.fromkeys(r["host"] for r in record["hosts"]))
+    plan = [p["clients"] for p in record["plan"]]
+    if sizes and sizes != list(SIZES):
+        parts.append("--sizes " + " ".join(map(str, sizes)))
+    if hosts and hosts != list(HOSTS):
+        parts.append("--hosts " + " ".join(hosts))
+    if record["rounds"] != ROUNDS:
+        parts.append(f"--rounds {record['rounds']}")
+    if record["per_round"] != PER_ROUND:
+        parts.append(f"--per-round {record['per_round']}")
+    if plan != list(PLAN_SIZES):
+        parts.append("--plan-sizes " + " ".join(map(str, plan)))
+    if record["plan"] and record["plan"][0]["classes"] != PLAN_CLASSES:
+        parts.append(f"--plan-classes {record['plan'][0]['classes']}")
+    return " ".join(parts)
+
+
 def run(
-    command: str,
     sizes: list[int],
     hosts: list[str],
     rounds: int,
@@ -256,7 +294,6 @@ def run(
 
     cells = [(h, n) for h in hosts for n in sizes]
     record: dict[str, Any] = {
-        "command": command,
         "rounds": rounds,
         "per_round": per_round,
         "hosts": [],
@@ -276,18 +313,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), metavar="CLIENTS")
     ap.add_argument("--hosts", nargs="+", choices=HOSTS, default=list(HOSTS))
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--per-round", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--per-round", type=int, default=PER_ROUND)
     ap.add_argument("--plan-sizes", type=int, nargs="*", default=list(PLAN_SIZES))
-    ap.add_argument("--plan-classes", type=int, default=47)
-    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    ap.add_argument("--plan-classes", type=int, default=PLAN_CLASSES)
+    ap.add_argument(
+        "--no-run", action="store_true", help="rewrite the report from OUT/scale.json alone"
+    )
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
+    if a.no_run:
+        print(report(json.loads((a.out / "scale.json").read_text()), a.out))
+        return 0
     if a.rounds < 4 or a.per_round < 1 or min(a.sizes) < a.per_round:
         ap.error("--rounds must be >= 4 and every size >= --per-round >= 1")
-    argv = sys.argv[1:] if argv is None else argv
     run(
-        " ".join([COMMAND, *argv]),
         a.sizes,
         a.hosts,
         a.rounds,

@@ -1,0 +1,39 @@
+"""``fedbalance bench scale``: real ``fedbalance run`` processes at two sizes, the per-round
+times read from the aggregation record, and the planning check; ``--no-run`` rewrites the
+same report from its JSON. The numbers themselves are the committed report's, not asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedbalance_benchmarks import scale
+
+
+def test_evaluated_rounds_and_sizes_are_the_runs() -> None:
+    config = scale.run_config("flower", 1000, 4, 10, seed=0)
+    assert (config["eval_every"], config["eval_fraction"]) == (2, 0.01)
+    assert scale.run_config("fedml-sp", 1000, 4, 10, seed=0)["eval_fraction"] == 1.0
+
+
+@pytest.mark.slow
+def test_bench_scale_measures_each_size_and_rewrites_its_report(tmp_path: Path) -> None:
+    argv = ["--sizes", "12", "24", "--hosts", "fedlab", "--per-round", "4"]
+    assert scale.main([*argv, "--plan-sizes", "100", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "scale.json").read_text())
+    assert [(r["host"], r["clients"]) for r in record["hosts"]] == [("fedlab", 12), ("fedlab", 24)]
+    for r in record["hosts"]:
+        assert r["evaluated"] == [2, 4] and len(r["aggregated_at_s"]) == 4
+        assert r["steady_round_s"] > 0 and r["peak_rss_mb"] > 0
+        assert 0 < r["final_accuracy"] <= 1
+    assert record["plan"] == [
+        {**record["plan"][0], "clients": 100, "classes": 47, "identical": True}
+    ]
+    text = (tmp_path / "scale.md").read_text()
+    assert (
+        "fedbalance bench scale --sizes 12 24 --hosts fedlab --per-round 4 --plan-sizes 100" in text
+    )
+    assert scale.main(["--no-run", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "scale.md").read_text() == text
