@@ -238,8 +238,10 @@ class FedBalanceStrategy(FedAvg):
         record = RecordDict({self.configrecord_key: ConfigRecord({QUERY_KEY: IDENTIFY})})
         asked = [n for n in nodes if n not in self.client_ids and n not in self.unidentified]
         replies: list[Message] = []
-        # In batches: Flower's in-memory state scans every stored message for each one it
-        # hands out, so one send of 10^4 queries took ~8 minutes here (and passed the timeout).
+        # In batches, each with its own timeout: asking 10^4 nodes at once ran past the timeout
+        # and the rest were asked again the next round. The asking itself stays quadratic in
+        # Flower's simulation engine (each polling pass checks every stored message for every
+        # node): ~8 minutes for 10^4 nodes here, once (benchmarks/results/scale.md).
         for start in range(0, len(asked), IDENTIFY_BATCH):
             batch = asked[start : start + IDENTIFY_BATCH]
             replies += grid.send_and_receive(
