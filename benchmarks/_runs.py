@@ -11,6 +11,25 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: RunConfig fields added after committed records were made, with the value all of those ran
+#: with: a record key leaves them out at that value, so the records still match their runs.
+LATER_DEFAULTS: dict[str, Any] = {"eval_fraction": 1.0}
+
+
+def record_key(cfg: dict[str, Any], leave_out: tuple[str, ...]) -> dict[str, Any]:
+    """What defines a run for a benchmark's records: its config with every default resolved,
+    less the fields in ``leave_out`` (where it ran) and :data:`LATER_DEFAULTS` at their value."""
+    import dataclasses
+
+    from fl_adapters.config import RunConfig
+
+    key = dataclasses.asdict(RunConfig.from_dict(cfg))
+    for k in leave_out:
+        key.pop(k, None)
+    for k, value in LATER_DEFAULTS.items():
+        if key.get(k) == value:
+            key.pop(k)
+    return json.loads(json.dumps(key))
 
 
 def worker_init() -> None:

@@ -119,14 +119,9 @@ def stem_of(opts: dict[str, Any]) -> str:
 
 def record_key(cfg: dict[str, Any]) -> dict[str, Any]:
     """What defines a run: its config with every default resolved, less where it ran."""
-    import dataclasses
+    from fedbalance_benchmarks import _runs
 
-    from fl_adapters.config import RunConfig
-
-    key = dataclasses.asdict(RunConfig.from_dict(cfg))
-    for k in ("port", "backend", "data_dir", "framework"):
-        key.pop(k, None)
-    return json.loads(json.dumps(key))
+    return _runs.record_key(cfg, ("port", "backend", "data_dir", "framework"))
 
 
 def _mean(values: Any) -> float | None:

@@ -148,17 +148,13 @@ def record_key(cfg: dict[str, Any]) -> dict[str, Any]:
     """What defines a run: its config with every default resolved, minus where it ran; a
     partition with feature noise adds the noise's units (pixel intensities in [0, 1] since the
     noise moved before normalisation, so runs made with noise in normalised units are stale)."""
-    import dataclasses
-
-    from fl_adapters.config import RunConfig
+    from fedbalance_benchmarks import _runs
     from fl_adapters.registry import get_registry
 
-    key = dataclasses.asdict(RunConfig.from_dict(cfg))
-    for k in ("port", "backend", "data_dir"):
-        key.pop(k, None)
+    key = _runs.record_key(cfg, ("port", "backend", "data_dir"))
     if get_registry().make_partitioner(key["partition"]).noise_std(2).any():
         key["noise_units"] = "pixel"
-    return json.loads(json.dumps(key))
+    return key
 
 
 def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
