@@ -151,6 +151,12 @@ class FedBalanceStrategy(FedAvg):
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
+        if evaluate_fraction is not None and self.fraction_evaluate == 0.0:
+            raise ConfigError(
+                f"fraction_evaluate=0.0 turns evaluation off, but evaluate_fraction "
+                f"(the run config's eval-fraction) asks {evaluate_fraction!r} of the nodes to "
+                "evaluate: keep one of the two"
+            )
         self.evaluate_every = evaluate_every
         self.evaluate_fraction = evaluate_fraction
         #: The run's rounds, once :meth:`start` knows them (its last round is evaluated).

@@ -308,3 +308,12 @@ def test_aggregator_args_json_is_bounded_and_finite(raw: str, words: str) -> Non
 
     with pytest.raises(ConfigError, match=words):
         parse_run_config({"aggregator": "fedavgm", "aggregator-args": raw})
+
+
+def test_evaluation_turned_off_and_an_evaluation_share_are_refused_together() -> None:
+    """``fraction_evaluate=0.0`` (no evaluation) beside the run config's ``eval-fraction``
+    would silently drop one of the two."""
+    with pytest.raises(ConfigError, match="fraction_evaluate=0.0 turns evaluation off"):
+        strategy_from_run_config({"eval-fraction": 0.5}, fraction_evaluate=0.0)
+    assert strategy_from_run_config({"eval-fraction": 0.5}).evaluate_fraction == 0.5
+    assert strategy_from_run_config({}, fraction_evaluate=0.0).evaluate_fraction is None
