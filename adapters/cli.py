@@ -24,6 +24,7 @@ from fl_adapters.registry import build_aggregator, get_registry
 from fl_partitions.params import FedbalanceError
 
 if TYPE_CHECKING:
+    from fl_adapters.astraea import AstraeaPlanner
     from fl_adapters.config import RunConfig
 
 log = logging.getLogger("fedbalance")
@@ -229,15 +230,9 @@ def cmd_fedlab_client(args: argparse.Namespace) -> int:
 
 
 def cmd_astraea_plan(args: argparse.Namespace) -> int:
+    from fl_adapters.astraea import AstraeaPlanner
     from fl_adapters.sampling import sample_round
-    from fl_aggregators.astraea_plan import (
-        assign_mediators,
-        check_counts,
-        client_kl,
-        expected_counts_after,
-        mediator_kl,
-        plan_rebalance,
-    )
+    from fl_aggregators.astraea_plan import check_counts
 
     if args.config is not None:
         from fl_adapters.config import RunConfig
@@ -266,22 +261,33 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
                 f"got {args.clients_per_round}"
             )
         clients = sample_round(random.Random(args.seed), len(clients), args.clients_per_round)
-    rule = "paper" if args.augment == "paper" else "bounded"
-    plan = plan_rebalance(counts, args.tau_d, args.count_clip, rule)
-    after = expected_counts_after(counts, plan)
-    groups = assign_mediators(after[clients], args.gamma)
-    mediators = [[clients[i] for i in g] for g in groups]
-    out = {
-        **plan.as_dict(),
-        "gamma": args.gamma,
+    aggregator = build_aggregator(
+        "astraea",
+        {
+            "tau_d": args.tau_d,
+            "gamma": args.gamma,
+            "augment": "paper" if args.augment == "paper" else True,
+            "count_clip": args.count_clip,
+        },
+    )
+    print(json.dumps(preview(AstraeaPlanner(counts, aggregator), clients), indent=1))
+    return 0
+
+
+def preview(planner: AstraeaPlanner, clients: list[int]) -> dict[str, Any]:
+    """A round's plan as ``fedbalance astraea plan`` prints it: the rebalancing, the round's
+    clients grouped into mediators, and the KL to uniform of mediators and clients."""
+    mediators = planner.mediators(clients)
+    kl = planner.client_kl()
+    return {
+        **planner.plan.as_dict(),
+        "gamma": planner.aggregator.group_size,
         "clients": clients,
         "mediators": mediators,
-        "kl": mediator_kl(after, mediators),
-        "client_kl_before": client_kl(counts),
-        "client_kl_after": client_kl(after),
+        "kl": planner.mediator_kl(mediators),
+        "client_kl_before": kl["before"],
+        "client_kl_after": kl["after"],
     }
-    print(json.dumps(out, indent=1))
-    return 0
 
 
 def plan_of_run(config: RunConfig) -> dict[str, Any]:
@@ -303,19 +309,8 @@ def plan_of_run(config: RunConfig) -> dict[str, Any]:
     _, labels, partition = training_data(config)
     classes = image_spec(config.dataset, config.data_dir)[2]  # the hosts count over these
     counts = np.stack([label_counts(labels[s["train"]], classes) for s in partition.splits])
-    planner = AstraeaPlanner(counts, aggregator)
     clients = sample_round(random.Random(config.seed), config.num_clients, config.clients_per_round)
-    mediators = planner.mediators(clients)
-    kl = planner.client_kl()
-    return {
-        **planner.plan.as_dict(),
-        "gamma": planner.aggregator.group_size,
-        "clients": clients,
-        "mediators": mediators,
-        "kl": planner.mediator_kl(mediators),
-        "client_kl_before": kl["before"],
-        "client_kl_after": kl["after"],
-    }
+    return preview(AstraeaPlanner(counts, aggregator), clients)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
