@@ -26,10 +26,13 @@ def exit_reason(code: int) -> str:
     return f"exited with code {code}"
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Kill ``proc`` (and its process group when it leads one) and reap it."""
+def stop(proc: subprocess.Popen[bytes]) -> list[int]:
+    """Kill ``proc``, its process group when it leads one, and every process below it (a host
+    may start helpers in sessions of their own: Flower's SuperLink detaches its
+    ``flower-superexec``), and reap it. Returns the pids of the helpers it killed."""
     if proc.poll() is not None:
-        return
+        return []
+    helpers = descendants(proc.pid)  # listed first: once it dies they belong to init
     try:
         if os.getpgid(proc.pid) == proc.pid:  # started with start_new_session=True
             os.killpg(proc.pid, signal.SIGKILL)
@@ -38,37 +41,44 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+    kill_all(helpers)
+    return helpers
 
 
 def watch(
-    procs: list[tuple[str, subprocess.Popen[bytes]]], timeout: float, poll: float = 0.2
+    procs: list[tuple[str, subprocess.Popen[bytes]]],
+    timeout: float,
+    poll: float = 0.2,
+    until: subprocess.Popen[bytes] | None = None,
+    helpers: set[int] | None = None,
 ) -> str | None:
-    """Wait until every named process has ended; ``None`` if all exited with 0.
+    """Supervise a run's processes; ``None`` when the run ended well, else what went wrong.
 
-    As soon as one fails (or ``timeout`` seconds pass) the others are killed and the failure
-    is returned, e.g. ``"silo rank 2 was killed by signal 9 (SIGKILL)"``: the first process
-    in ``procs`` order that failed, so list the one whose death explains the others first.
+    The run ends well when every process has exited with 0, or, given ``until`` (a client
+    whose end is the run's, beside servers that never exit by themselves), when that one has.
+    As soon as one fails (or ``timeout`` seconds pass) the failure is returned, e.g. ``"silo
+    rank 2 was killed by signal 9 (SIGKILL)"``: the first process in ``procs`` order that
+    failed, so list the one whose death explains the others first. Every process of ``procs``
+    (and below them) is stopped before this returns; ``helpers``, when given, receives the
+    pids of those below them.
     """
     deadline = time.monotonic() + timeout
-    failed: str | None = None
     try:
-        while [p.poll() for _, p in procs].count(None):  # poll every process, every time
-            bad = [(name, p.returncode) for name, p in procs if p.returncode not in (None, 0)]
+        while True:
+            codes = [(name, p.poll()) for name, p in procs]  # every process, every time
+            bad = [(name, code) for name, code in codes if code not in (None, 0)]
             if bad:
-                failed = f"{bad[0][0]} {exit_reason(bad[0][1])}"
-                break
+                return f"{bad[0][0]} {exit_reason(bad[0][1])}"
+            if until.returncode == 0 if until is not None else all(c == 0 for _, c in codes):
+                return None
             if time.monotonic() > deadline:
-                failed = f"the run did not finish within {timeout:.0f} s"
-                break
+                return f"the run did not finish within {timeout:.0f} s"
             time.sleep(poll)
     finally:
         for _, p in procs:
-            stop(p)
-    if failed is None:
-        bad = [(name, p.returncode) for name, p in procs if p.returncode != 0]
-        if bad:
-            failed = f"{bad[0][0]} {exit_reason(bad[0][1])}"
-    return failed
+            found = stop(p)
+            if helpers is not None:
+                helpers.update(found)
 
 
 #: Where :func:`free_ports` looks when the kernel's ephemeral range cannot be read (Linux's

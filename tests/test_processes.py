@@ -1,45 +1,72 @@
-"""Ports for the runs' servers: free, distinct, and out of the range outgoing sockets use."""
+"""The one supervisor of a run's processes (``fl_adapters.processes.watch``), on real processes."""
 
 from __future__ import annotations
 
-import socket
+import subprocess
+import sys
+import time
 
-import pytest
-
-from fl_adapters import processes
-
-
-def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
-    low, _ = processes.ephemeral_range()
-    ports = processes.free_ports(8)
-    assert len(set(ports)) == 8
-    assert all(processes.LOWEST_PORT <= p < low for p in ports)
-    for p in ports:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", p))
+from fl_adapters.processes import watch
 
 
-def test_free_ports_skip_ports_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Eight ports, six of them held by listeners: the other two are the answer, whatever
-    # the offset the scan starts at.
-    base = processes.free_ports(1)[0] // 8 * 8
-    held = []
+def python(code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+
+def alive(pid: int) -> bool:
     try:
-        for p in range(base, base + 8):
-            s = socket.socket()
-            s.bind(("127.0.0.1", p))
-            held.append(s)
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
-        pytest.skip(f"ports {base}..{base + 7} not all free on this machine now")
-    try:
-        keep = [s for i, s in enumerate(held) if i not in (2, 5)]
-        for i in (2, 5):
-            held[i].close()
-        for s in keep:
-            s.listen()
-        monkeypatch.setattr(processes, "LOWEST_PORT", base)
-        monkeypatch.setattr(processes, "ephemeral_range", lambda: (base + 8, 60999))
-        assert sorted(processes.free_ports(2)) == [base + 2, base + 5]
-    finally:
-        for s in held:
-            s.close()
+        return False
+
+
+def test_every_process_ending_well_is_a_good_run() -> None:
+    procs = [("server", python("pass")), ("client process rank 1", python("pass"))]
+    assert watch(procs, timeout=60, poll=0.05) is None
+
+
+def test_the_first_death_in_order_is_named_and_the_survivors_are_stopped() -> None:
+    server = python("import time; time.sleep(60)")
+    procs = [("server", server), ("client process rank 2", python("raise SystemExit(3)"))]
+    started = time.monotonic()
+    assert watch(procs, timeout=60, poll=0.05) == "client process rank 2 exited with code 3"
+    assert time.monotonic() - started < 30 and server.returncode == -9
+
+
+def test_a_killed_process_is_worded_by_its_signal() -> None:
+    victim = python("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert (
+        watch([("silo rank 1", victim)], 60, 0.05) == "silo rank 1 was killed by signal 9 (SIGKILL)"
+    )
+
+
+def test_the_deadline_stops_everything() -> None:
+    slow = python("import time; time.sleep(60)")
+    assert watch([("server", slow)], timeout=0.3, poll=0.05) == "the run did not finish within 0 s"
+    assert slow.returncode == -9
+
+
+def test_until_ends_the_run_with_its_client_and_stops_the_servers_and_their_helpers() -> None:
+    # A server that starts a helper in a session of its own (as Flower's SuperLink does),
+    # out of reach of a process-group kill, and never exits by itself.
+    code = (
+        "import subprocess, sys, time; "
+        "h = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+        "start_new_session=True); print(h.pid, flush=True); time.sleep(60)"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert server.stdout is not None
+    helper = int(server.stdout.readline())
+    client = python("import time; time.sleep(0.2)")
+    found: set[int] = set()
+    procs = [("server", server), ("client", client)]
+    assert watch(procs, 60, 0.05, until=client, helpers=found) is None
+    assert client.returncode == 0 and server.returncode == -9
+    assert helper in found
+    deadline = time.monotonic() + 10
+    while alive(helper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(helper)

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_adapters.checkpoint import NAME, CheckpointError, keep_recorded_rounds, resume_hint
+from fl_adapters.checkpoint import resume_hint
 from fl_adapters.config import ConfigError, RunConfig, RunFailed
-from fl_adapters.experiment import json_doc, json_line
+from fl_adapters.experiment import run_summary
 from fl_adapters.flower.config import (
     CHECKPOINT_KEY,
     EVAL_EVERY_KEY,
@@ -42,13 +42,14 @@ from fl_adapters.flower.config import (
     RESUME_KEY,
 )
 from fl_adapters.processes import (
-    descendants,
     exit_reason,
     free_ports,
     kill_all,
     matching,
     stop,
+    watch,
 )
+from fl_adapters.rundir import RunFiles
 from fl_aggregators.record import RUN_ENV
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,7 @@ def run_deployment(
     environ = {**os.environ, "FLWR_HOME": str(home), **(env or {}), "PATH": path}
     dep = Deployment(port, node_ports, work)
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    helpers: set[int] = set()  # the processes Flower's started below them
     handles = []
 
     def start(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
@@ -180,30 +182,17 @@ def run_deployment(
         for override in run_config:
             argv += ["--run-config", override]
         cli = start("flwr run", argv)
-        while cli.poll() is None:
-            dead = [(n, p) for n, p in procs if p is not cli and p.poll() is not None]
-            if dead:
-                name, proc = dead[0]
-                raise DeploymentFailed(
-                    f"{name} {exit_reason(proc.returncode)} during the run (log: {dep.logs[name]})"
-                )
-            if time.monotonic() > deadline:
-                raise DeploymentFailed(
-                    f"the run did not finish within {timeout:.0f} s (logs in {work})"
-                )
-            time.sleep(0.2)
-        if cli.returncode != 0:
-            raise DeploymentFailed(
-                f"flwr run {exit_reason(cli.returncode)} (log: {dep.logs['flwr run']})"
-            )
+        # The run is over when `flwr run` is; the SuperLink and SuperNodes never exit by
+        # themselves. watch stops every process (and the helpers below them) either way.
+        failed = watch(procs, deadline - time.monotonic(), until=cli, helpers=helpers)
+        if failed is not None:
+            name = next((n for n in dep.logs if failed.startswith(n + " ")), None)
+            where = f"log: {dep.logs[name]}" if name is not None else f"logs in {work}"
+            raise DeploymentFailed(f"{failed} during the run ({where})")
     finally:
-        # The SuperLink's flower-superexec (and the ServerApp under it) run in a session of
-        # their own; they exit when the SuperLink dies, but are listed to make sure.
-        helpers = [pid for _, proc in procs for pid in descendants(proc.pid)]
-        for _, proc in reversed(procs):
-            stop(proc)
-        kill_all(helpers)
-        _sweep({proc.pid for _, proc in procs} | set(helpers), [port, *node_ports])
+        for _, proc in procs:  # a start-up that failed before watch
+            helpers.update(stop(proc))
+        _sweep({proc.pid for _, proc in procs} | helpers, [port, *node_ports])
         for handle in handles:
             handle.close()
         dep.seconds = time.monotonic() - started
@@ -295,23 +284,17 @@ def run_flower(
     # Absolute: the ServerApp writes to it from Flower's own processes and working directory.
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = out_dir / "aggregations.jsonl"
+    files = RunFiles(out_dir)
     values = app_values(config, out_dir, resume)
     if resume:  # a checkpoint this run cannot continue is refused before any process starts
         from fl_adapters.flower import checkpoint
 
         ckpt = checkpoint.load(out_dir, checkpoint.identity(values), config.rounds, partial=True)
-        rounds = keep_recorded_rounds(record, ckpt.round)
-        if rounds != list(range(1, ckpt.round + 1)):
-            raise CheckpointError(
-                f"{record} does not hold the aggregation records of rounds 1..{ckpt.round} of "
-                "the checkpointed run; resume in the directory the run wrote"
-            )
+        # The stopped run's metrics stay until the new rows replace them (collect): a resume
+        # that fails inside Flower then changes nothing.
+        record = files.start(ckpt.round)
     else:
-        # A resume leaves the stopped run's files until the new rows replace them (collect):
-        # a resume that fails inside Flower then changes nothing.
-        for stale in (record, out_dir / NAME, out_dir / "metrics.jsonl"):
-            stale.unlink(missing_ok=True)
+        record = files.start(None)
         (out_dir / "app" / "summary.json").unlink(missing_ok=True)
     env = {RUN_ENV: str(record)}  # the user's FEDBALANCE_RECORD, inherited, gets it too
     overrides = str(app_run_config(values, out_dir))
@@ -334,7 +317,7 @@ def run_flower(
             raise RunFailed(f"{e}{resume_hint(out_dir)}") from e
     else:
         raise ConfigError(f"framework must be flower or flower-deployment, got {config.framework}")
-    return collect(config, out_dir, elapsed_s=time.monotonic() - started)
+    return collect(config, files, elapsed_s=time.monotonic() - started)
 
 
 def _simulate(
@@ -353,41 +336,24 @@ def _simulate(
         except subprocess.TimeoutExpired:
             pass
         finally:
-            helpers = descendants(proc.pid)
             stop(proc)
-            kill_all(helpers)
     if proc.returncode != 0:
         raise RunFailed(f"the Flower simulation {exit_reason(proc.returncode)} (log: {log_path})")
 
 
-def collect(config: RunConfig, out_dir: Path, elapsed_s: float | None = None) -> dict[str, Any]:
+def collect(config: RunConfig, files: RunFiles, elapsed_s: float | None = None) -> dict[str, Any]:
     """Per-round rows from the aggregation record and the app's evaluation, and the summary.
 
     ``test_accuracy`` is Flower's federated evaluation of the rounds ``eval_every`` picks: the
     test splits of the clients ``eval_fraction`` draws (all by default), averaged by size --
-    the FedLab runner's ``eval_data: clients``. Astraea rounds add ``mediators``
-    and ``mediator_kl``, as the FedLab and FedML rows do; the summary adds the run's wall time
+    the FedLab runner's ``eval_data: clients``. The summary adds the run's wall time
     (``elapsed_s``, Flower's start-up included).
     """
-    record = out_dir / "aggregations.jsonl"
-    aggregations = [json.loads(x) for x in record.read_text().splitlines()]
-    app_summary = json.loads((out_dir / "app" / "summary.json").read_text())
-    evaluate = app_summary["evaluate"]
-    rows = []
-    for agg in aggregations:
-        row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")}
-        row["rejected"] = len(agg["rejected"])
-        if "mediators" in agg:
-            row.update(mediators=agg["mediators"], mediator_kl=agg["kl"])
-        metrics = evaluate.get(str(agg["round"]))
+    evaluate = json.loads((files.out / "app" / "summary.json").read_text())["evaluate"]
+    rows = files.aggregation_rows()
+    for row in rows:
+        metrics = evaluate.get(str(row["round"]))
         if metrics is not None:
             row.update(test_accuracy=metrics["eval_acc"], test_loss=metrics["eval_loss"])
-        if "elapsed_s" in agg:  # wall time since the strategy's aggregator was made
-            row["elapsed_s"] = agg["elapsed_s"]
-        rows.append(row)
-    (out_dir / "metrics.jsonl").write_text("".join(json_line(r) for r in rows))
-    from fl_adapters.experiment import run_summary
-
-    summary = run_summary(config, rows, elapsed_s)
-    (out_dir / "summary.json").write_text(json_doc(summary))
-    return summary
+    files.write_rows(rows)
+    return files.finish(run_summary(config, rows, elapsed_s))

@@ -98,7 +98,7 @@ def assert_same_run(resumed: dict[str, Any], whole: dict[str, Any]) -> None:
 def simulate_process(argv: list[str], cwd: Path, record: Path, timeout: float = 400) -> str:
     """Run a simulation process (its own session, Ray's processes killed after) that must
     succeed, with the aggregation record at ``record``; returns its output."""
-    from fl_adapters.processes import descendants, kill_all, stop
+    from fl_adapters.processes import stop
 
     env = {**os.environ, "FEDBALANCE_RECORD": str(record)}
     proc = subprocess.Popen(
@@ -107,8 +107,7 @@ def simulate_process(argv: list[str], cwd: Path, record: Path, timeout: float = 
     )  # fmt: skip
     try:
         log, _ = proc.communicate(timeout=timeout)
-    finally:  # on a timeout, Ray's processes too (listed before their parent is killed)
-        kill_all(descendants(proc.pid))
+    finally:  # on a timeout, with Ray's processes below it
         stop(proc)  # type: ignore[arg-type]
     assert proc.returncode == 0, log[-3000:]
     return log
