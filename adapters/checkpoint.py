@@ -293,30 +293,6 @@ def resume_hint(out_dir: Path) -> str:
     return f"; {path} holds round {done}: `fedbalance run --resume` continues from it"
 
 
-def keep_recorded_rounds(record: Path, done: int) -> list[int]:
-    """Drop the aggregation-record lines (``FEDBALANCE_RECORD``) of rounds after ``done``: a
-    run stopped between its record and its checkpoint wrote one more, which the resumed run
-    writes again. Returns the rounds the record keeps."""
-    if not record.is_file():
-        return []
-    lines = [(x, json.loads(x)["round"]) for x in record.read_text().splitlines()]
-    kept = [(x, r) for x, r in lines if r <= done]
-    record.write_text("".join(x + "\n" for x, _ in kept))
-    return [r for _, r in kept]
-
-
-def run_record(out_dir: Path, resumed_round: int | None) -> Path:
-    """The run's own aggregation record, ``out_dir/aggregations.jsonl``, made ready: removed
-    for a fresh run, cut to the checkpoint's rounds for a resume (the user's
-    ``FEDBALANCE_RECORD`` is theirs: it is only appended to)."""
-    path = (out_dir / "aggregations.jsonl").resolve()
-    if resumed_round is None:
-        path.unlink(missing_ok=True)
-    else:
-        keep_recorded_rounds(path, resumed_round)
-    return path
-
-
 @contextlib.contextmanager
 def recording_to(path: Path) -> Iterator[None]:
     """Aggregations in this process (and the processes it starts) also go to ``path``."""

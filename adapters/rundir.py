@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from fl_partitions.params import FedbalanceError
 
@@ -82,3 +84,87 @@ def claim(out: Path, *, resume: bool = False, overwrite: bool = False) -> Iterat
                 os.environ[HELD_ENV] = before
     finally:
         os.close(fd)  # releases the lock
+
+
+class RunFiles:
+    """The records of one run in its ``--out`` directory, kept the same way on every host.
+
+    ``aggregations.jsonl`` holds one line per aggregation (every host's aggregator writes it;
+    a user's ``FEDBALANCE_RECORD`` receives the same lines); ``metrics.jsonl`` one row per
+    round, built from those lines plus the host's evaluation; ``summary.json`` the run's end.
+    :meth:`start` readies them before a run: a fresh run removes an earlier run's records, a
+    resumed one cuts them back to its checkpoint's round.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.record = (out / "aggregations.jsonl").resolve()
+        self.metrics = out / "metrics.jsonl"
+        self.summary = out / "summary.json"
+        self.checkpoint = out / "checkpoint.pt"
+
+    def start(self, done: int | None) -> Path:
+        """Before a run: ``done=None`` removes an earlier run's records; a resume after round
+        ``done`` drops the aggregation lines written after it (a run stopped between its
+        record and its checkpoint wrote one more) and refuses a record that lacks a round.
+        Returns the aggregation record's path."""
+        if done is None:
+            for path in (self.record, self.metrics, self.summary, self.checkpoint):
+                path.unlink(missing_ok=True)
+            return self.record
+        lines = self.record.read_text().splitlines() if self.record.is_file() else []
+        kept = [x for x in lines if json.loads(x)["round"] <= done]
+        self._require_rounds([json.loads(x)["round"] for x in kept], done, self.record)
+        self.record.write_text("".join(x + "\n" for x in kept))
+        return self.record
+
+    def rows(self) -> list[dict[str, Any]]:
+        """``metrics.jsonl``'s rows (none before the first round)."""
+        text = self.metrics.read_text() if self.metrics.is_file() else ""
+        return [json.loads(x) for x in text.splitlines()]
+
+    def kept_rows(self, rows: list[dict[str, Any]], done: int) -> list[dict[str, Any]]:
+        """The rows a run resumed after round ``done`` keeps (rows 1..``done``); an error when
+        one is missing."""
+        kept = [r for r in rows if r.get("round", 0) <= done]
+        self._require_rounds([r.get("round") for r in kept], done, self.metrics)
+        return kept
+
+    def aggregation_rows(self, first: int = 1) -> list[dict[str, Any]]:
+        """The ``metrics.jsonl`` rows of the aggregations of round ``first`` on, from the
+        record: clients, weights, rejected and skipped counts, an Astraea round's mediators
+        and their KL, and the aggregator's wall time since it was made."""
+        rows = []
+        lines = self.record.read_text().splitlines() if self.record.is_file() else []
+        for agg in map(json.loads, lines):
+            if agg["round"] < first:
+                continue
+            row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")}
+            row["rejected"] = len(agg["rejected"])
+            if "mediators" in agg:
+                row.update(mediators=agg["mediators"], mediator_kl=agg["kl"])
+            if "elapsed_s" in agg:
+                row["elapsed_s"] = agg["elapsed_s"]
+            rows.append(row)
+        return rows
+
+    def write_rows(self, rows: list[dict[str, Any]]) -> None:
+        from fl_adapters.experiment import json_line
+
+        self.metrics.write_text("".join(json_line(r) for r in rows))
+
+    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Write ``summary.json``; returns ``summary``."""
+        from fl_adapters.experiment import json_doc
+
+        self.summary.write_text(json_doc(summary))
+        return summary
+
+    def _require_rounds(self, rounds: list[Any], done: int, path: Path) -> None:
+        if rounds != list(range(1, done + 1)):
+            from fl_adapters.checkpoint import CheckpointError
+
+            raise CheckpointError(
+                f"{path} does not hold rounds 1..{done} of the checkpointed run; resume in "
+                "the directory the run wrote"
+            )

@@ -339,6 +339,6 @@ def test_a_client_process_dying_in_a_mediator_chain_stops_the_run(tmp_path: Path
     assert launcher.returncode == 1
     line = next(x for x in err.splitlines() if "fedlab-distributed:" in x)
     rows = records(metrics)
-    assert "client process rank 2 exited with code -9" in line
-    assert f"(round {rows[-1]['round']})" in line and "rerun with --resume" in line
+    assert "client process rank 2 was killed by signal 9 (SIGKILL)" in line
+    assert f"holds round {rows[-1]['round']}: `fedbalance run --resume`" in line
     assert rows[-1]["round"] < 30 and client_pids(path) == []

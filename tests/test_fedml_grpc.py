@@ -336,12 +336,13 @@ def test_metrics_rows_carry_astraea_mediators_and_fedml_accuracy(tmp_path: Path)
     import json
 
     from fl_adapters.fedml.runner import collect
+    from fl_adapters.rundir import RunFiles
 
     record = {"round": 1, "clients": [0], "weights": [1.0], "skipped": False, "rejected": []}
     astraea = record | {"mediators": [[2, 5]], "kl": [0.3]}
     (tmp_path / "aggregations.jsonl").write_text(json.dumps(astraea) + "\n")
     (tmp_path / "fedml.log").write_text("[INFO] {'test_acc': 0.25, 'test_loss': 2.0}\n")
-    summary = collect(RunConfig(framework="fedml-cross-silo", rounds=1), tmp_path)
+    summary = collect(RunConfig(framework="fedml-cross-silo", rounds=1), RunFiles(tmp_path))
     (row,) = records(tmp_path / "metrics.jsonl")
     assert row["mediators"] == [[2, 5]] and row["mediator_kl"] == [0.3]
     assert row["test_accuracy"] == 0.25 and summary["final_accuracy"] == 0.25

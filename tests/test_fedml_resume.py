@@ -145,6 +145,7 @@ def test_a_fedlab_run_refuses_a_fedml_checkpoint(tmp_path: Path) -> None:
 
 def test_fedml_rows_take_test_accuracy_from_the_rounds_fedml_tests(tmp_path: Path) -> None:
     from fl_adapters.fedml.runner import collect, tested_rounds
+    from fl_adapters.rundir import RunFiles
 
     assert tested_rounds(1, 10, 4) == [1, 5, 9, 10]
     assert tested_rounds(4, 10, 4) == [5, 9, 10]  # resumed after round 3
@@ -158,7 +159,7 @@ def test_fedml_rows_take_test_accuracy_from_the_rounds_fedml_tests(tmp_path: Pat
     kept = [{"round": 1, "test_accuracy": 0.1}, {"round": 2}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     (tmp_path / "fedml.log").write_text("{'test_acc': 0.5, 'x': 1}\n{'test_acc': 0.6, 'x': 1}\n")
-    collect(config, tmp_path)
+    collect(config, RunFiles(tmp_path))
     rows = records(tmp_path / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r.get("test_accuracy") for r in rows] == [0.1, None, None, None, 0.5, 0.6]

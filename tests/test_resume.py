@@ -155,7 +155,7 @@ def test_killed_client_process_loses_nothing_and_the_run_resumes(tmp_path: Path)
     got = kill_client_and_resume(tmp_path, fault_config(port=port), kill_after=2)
     assert got["client_processes"] == 2 and got["launcher_exit"] == 1
     assert "client process rank" in got["launcher_error"]
-    assert "rerun with --resume" in got["launcher_error"]
+    assert "`fedbalance run --resume` continues from it" in got["launcher_error"]
     assert 2 <= got["checkpoint_round"] < 5 and got["checkpoint_finite"]
     assert got["processes_left"] == 0  # the launcher stopped everything
     assert got["resume_exit"] == 0 and got["rounds"] == [1, 2, 3, 4, 5]

@@ -26,31 +26,23 @@ import numpy as np
 import torch
 
 from fl_adapters._training import evaluate, evaluated_clients, evaluates
-from fl_adapters.checkpoint import NAME as CHECKPOINT
 from fl_adapters.checkpoint import (
     Checkpoint,
-    CheckpointError,
     check_plan,
     recording_to,
     restore_sampler,
-    run_record,
+    resume_hint,
     sampler_state,
 )
 from fl_adapters.config import RunConfig, RunFailed
-from fl_adapters.experiment import (
-    is_mediated,
-    json_doc,
-    json_line,
-    metric_prefix,
-    run_summary,
-    training_data,
-)
+from fl_adapters.experiment import is_mediated, json_line, metric_prefix, run_summary, training_data
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
+from fl_adapters.processes import watch
+from fl_adapters.rundir import RunFiles
 from fl_aggregators import AggregationResult
 from fl_aggregators.astraea_plan import client_kl, mediator_kl
-from fl_aggregators.record import RUN_ENV
 from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
@@ -92,23 +84,9 @@ def build(config: RunConfig) -> Experiment:
     return Experiment(config, PartitionedDataset(train, partition), model, local, num_classes)
 
 
-def resumed_rows(path: Path, ckpt: Checkpoint | None) -> list[dict[str, Any]]:
-    """The metrics rows a resumed run keeps: its first ``ckpt.round`` (rows written after the
-    checkpoint, by a run killed between the two writes, are dropped)."""
-    if ckpt is None:
-        return []
-    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
-    kept = [r for r in rows if r.get("round", 0) <= ckpt.round]
-    if [r.get("round") for r in kept] != list(range(1, ckpt.round + 1)):
-        raise CheckpointError(
-            f"{path} does not hold rounds 1..{ckpt.round} of the checkpointed run; "
-            "resume in the directory the run wrote"
-        )
-    return kept
-
-
 class MetricsWriter:
-    """Evaluates the global model after each aggregation and writes ``metrics.jsonl``."""
+    """Evaluates the global model after each aggregation and writes the run's records
+    (:class:`~fl_adapters.rundir.RunFiles`: fresh, or cut back to ``resume_from``'s round)."""
 
     def __init__(
         self,
@@ -118,12 +96,12 @@ class MetricsWriter:
         resume_from: Checkpoint | None = None,
     ) -> None:
         self.exp = exp
-        self.out_dir = out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.path = out_dir / "metrics.jsonl"
-        self.checkpoint_path = out_dir / CHECKPOINT
-        self.rows: list[dict[str, Any]] = resumed_rows(self.path, resume_from)
-        self.path.write_text("".join(json_line(r) for r in self.rows))
+        self.files = RunFiles(out_dir)
+        done = resume_from.round if resume_from is not None else None
+        self.rows = self.files.kept_rows(self.files.rows(), done) if done else []
+        self.files.start(done)
+        self.files.write_rows(self.rows)
         #: ``eval_data: test``: the dataset's test set; otherwise each round's evaluated
         #: clients' splits are read when they evaluate (:meth:`evaluation_data`).
         self.test: list[Any] | None = None
@@ -206,7 +184,7 @@ class MetricsWriter:
         row["bytes_up"] = bytes_up if bytes_up is not None else k * (self.param_bytes + 12)
         row["elapsed_s"] = round(time.perf_counter() - self.started, 3)
         self.rows.append(row)
-        with open(self.path, "a") as fh:
+        with open(self.files.metrics, "a") as fh:
             fh.write(json_line(row))
         self.save_checkpoint(handler)
         if self.bar is not None:
@@ -234,7 +212,7 @@ class MetricsWriter:
             sampler=sampler_state(handler.rng),
             plan=planner.plan.as_dict() if planner is not None else None,
             host="fedlab",
-        ).save(self.checkpoint_path)
+        ).save(self.files.checkpoint)
 
     def summary(self) -> dict[str, Any]:
         if self.bar is not None:
@@ -261,8 +239,7 @@ class MetricsWriter:
                 )
                 built = sum(int(trained[c].sum()) for c in ids)
                 doc["astraea"]["data_added"]["trained"] = built / counts[ids].sum() - 1
-        (self.out_dir / "summary.json").write_text(json_doc(doc))
-        return doc
+        return self.files.finish(doc)
 
 
 def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandler:
@@ -287,7 +264,7 @@ def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandl
 
 def load_checkpoint(config: RunConfig, out_dir: Path) -> Checkpoint:
     """The checkpoint in ``out_dir``, checked against ``config``."""
-    path = out_dir / CHECKPOINT
+    path = RunFiles(out_dir).checkpoint
     ckpt = Checkpoint.load(path)
     ckpt.check_host("fedlab", path)
     ckpt.check_config(config.to_dict(), path)
@@ -357,7 +334,7 @@ def run_standalone(
         trainer.participations = dict(ckpt.participations)
         if isinstance(trainer, AstraeaSerialTrainer):
             trainer.rounds = ckpt.round
-    with recording_to(run_record(out_dir, ckpt.round if ckpt is not None else None)):
+    with recording_to(writer.files.record):
         Pipeline(handler, trainer).main()
     return writer.summary()
 
@@ -411,26 +388,27 @@ def run_server(
     handler = make_handler(exp, on_round=on_round)
     if ckpt is not None:
         restore(handler, ckpt)
-    if not isinstance(handler, AstraeaServerHandler):
-        SynchronousServerManager(network=network, handler=handler, mode="LOCAL").run()
-        return writer.summary()
-    writer.astraea = handler.planner
-    astraea = handler
+    manager_cls: Any = SynchronousServerManager
+    if isinstance(handler, AstraeaServerHandler):
+        writer.astraea = handler.planner
+        astraea = handler
 
-    class AstraeaServerManager(SynchronousServerManager):
-        def setup(self) -> None:
-            super().setup()
-            reported = receive_counts(self._network, exp.num_classes)
-            if not np.array_equal(reported, astraea.planner.counts):
-                raise RuntimeError(
-                    "the client processes reported label counts that differ from this "
-                    "config's partition: every process must run the same config"
-                )
+        class AstraeaServerManager(SynchronousServerManager):
+            def setup(self) -> None:
+                super().setup()
+                reported = receive_counts(self._network, exp.num_classes)
+                if not np.array_equal(reported, astraea.planner.counts):
+                    raise RuntimeError(
+                        "the client processes reported label counts that differ from this "
+                        "config's partition: every process must run the same config"
+                    )
 
-        def main_loop(self) -> None:
-            relay_rounds(self, astraea.planner, astraea.plan_round)
+            def main_loop(self) -> None:
+                relay_rounds(self, astraea.planner, astraea.plan_round)
 
-    AstraeaServerManager(network=network, handler=handler, mode="LOCAL").run()
+        manager_cls = AstraeaServerManager
+    with recording_to(writer.files.record):
+        manager_cls(network=network, handler=handler, mode="LOCAL").run()
     return writer.summary()
 
 
@@ -511,7 +489,9 @@ def run_distributed(
     """
     check_processes(config, client_processes)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = load_checkpoint(config, out_dir) if resume else None  # before any process starts
+    files = RunFiles(out_dir)
+    if resume:
+        load_checkpoint(config, out_dir)  # refused before any process starts
     if config_path is None:
         import yaml
 
@@ -533,43 +513,13 @@ def run_distributed(
     client = [*base, "fedlab-client", str(config_path), "--world-size", str(world)]
     if resume:
         server.append("--resume")
-        client += ["--resume-from", str(out_dir / CHECKPOINT)]
-    record = run_record(out_dir, ckpt.round if ckpt is not None else None)
-    procs = [subprocess.Popen(server, env={**env, RUN_ENV: str(record)})]  # it aggregates
-    procs += [subprocess.Popen([*client, "--rank", str(r)], env=env) for r in range(1, world)]
-    watch(procs, timeout, out_dir)
-    return json.loads((out_dir / "summary.json").read_text())
-
-
-def watch(procs: list[subprocess.Popen[bytes]], timeout: float, out_dir: Path) -> None:
-    """Wait for a run's processes (server first); stop them all as soon as one fails."""
-    deadline = time.monotonic() + timeout
-    failed: str | None = None
-    try:
-        while [p.poll() for p in procs].count(None):  # poll every process, every time
-            bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
-            if bad:
-                rank, code = bad[0]
-                failed = f"{'server' if rank == 0 else f'client process rank {rank}'} exited with code {code}"
-                break
-            if time.monotonic() > deadline:
-                failed = f"the run did not finish within {timeout:.0f} s"
-                break
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    codes = [p.returncode for p in procs]
-    if failed is None and any(codes):
-        failed = f"processes exited with codes {codes} (server first)"
+        client += ["--resume-from", str(files.checkpoint)]
+    procs = [("server", subprocess.Popen(server, env=env))]  # it aggregates and records
+    procs += [
+        (f"client process rank {r}", subprocess.Popen([*client, "--rank", str(r)], env=env))
+        for r in range(1, world)
+    ]
+    failed = watch(procs, timeout)  # server first: its death explains the clients'
     if failed is not None:
-        ckpt = out_dir / CHECKPOINT
-        where = (
-            f"the last good global model is in {ckpt} (round {Checkpoint.load(ckpt).round}); "
-            "rerun with --resume to continue from it"
-            if ckpt.is_file()
-            else "no round had completed, so there is no checkpoint"
-        )
-        raise RunFailed(f"fedlab-distributed: {failed}; {where}")
+        raise RunFailed(f"fedlab-distributed: {failed}{resume_hint(out_dir)}")
+    return json.loads(files.summary.read_text())

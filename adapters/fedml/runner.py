@@ -28,16 +28,11 @@ from typing import Any
 
 import yaml
 
-from fl_adapters.checkpoint import NAME as CHECKPOINT
-from fl_adapters.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    keep_recorded_rounds,
-    resume_hint,
-)
+from fl_adapters.checkpoint import Checkpoint, resume_hint
 from fl_adapters.config import RunConfig, RunFailed
-from fl_adapters.experiment import json_doc, json_line
+from fl_adapters.experiment import run_summary
 from fl_adapters.processes import stop, watch
+from fl_adapters.rundir import RunFiles
 from fl_aggregators.record import ENV, RUN_ENV
 
 MODES = {
@@ -149,6 +144,7 @@ def run_fedml(
 
         require_grpcio()  # before anything is written or started
     out_dir = out_dir.resolve()
+    files = RunFiles(out_dir)
     if resume:  # refuse a checkpoint this config cannot continue before anything changes
         from types import SimpleNamespace
 
@@ -156,7 +152,7 @@ def run_fedml(
 
         doc = fedml_config(config, checkpoint_dir=out_dir, resume=True)
         check_resume(SimpleNamespace(**{k: v for part in doc.values() for k, v in part.items()}))
-        keep_completed_rounds(config, out_dir)
+        keep_completed_rounds(config, files)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = out_dir / "fedml.yaml"
     ipconfig = out_dir / "grpc_ipconfig.csv"
@@ -166,16 +162,13 @@ def run_fedml(
         write_ipconfig(ipconfig, free_ports(config.clients_per_round + 1))
     doc = fedml_config(config, ipconfig if grpc else None, out_dir, resume)
     cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    record = out_dir / "aggregations.jsonl"
-    if not resume:
-        for stale in (record, out_dir / "metrics.jsonl", out_dir / CHECKPOINT):
-            stale.unlink(missing_ok=True)
+    record = files.record if resume else files.start(None)
     env = {**os.environ, RUN_ENV: str(record)}  # the user's FEDBALANCE_RECORD gets it too
     if grpc:
         # Every rank on this machine: one torch thread each unless the user says otherwise
         # (FedLab's cross-process launcher does the same).
         run_grpc(config, out_dir, cfg_path, {"OMP_NUM_THREADS": "1"} | env, timeout)
-        return collect(config, out_dir, elapsed_s=time.monotonic() - started)
+        return collect(config, files, elapsed_s=time.monotonic() - started)
     with open(out_dir / "fedml.log", "w") as log:
         try:
             proc = subprocess.run(
@@ -197,7 +190,7 @@ def run_fedml(
             f"FedML exited with code {proc.returncode}{f' ({dead})' if dead else ''} after "
             f"{progress(config, record)}; see {out_dir}/fedml.log{resume_hint(out_dir)}"
         )
-    return collect(config, out_dir, elapsed_s=time.monotonic() - started)
+    return collect(config, files, elapsed_s=time.monotonic() - started)
 
 
 def mpi_casualty(log: str) -> str | None:
@@ -209,22 +202,17 @@ def mpi_casualty(log: str) -> str | None:
     return f"process rank {m[1]} exited on {m[2].strip()}" if m else None
 
 
-def keep_completed_rounds(config: RunConfig, out_dir: Path) -> None:
+def keep_completed_rounds(config: RunConfig, files: RunFiles) -> None:
     """Before a resume: the stopped run's rows up to its checkpoint into ``metrics.jsonl``, its
     log set aside (``fedml.log.<N>``), its recorder lines after the checkpoint dropped."""
-    ckpt = Checkpoint.load(out_dir / CHECKPOINT)  # a missing or foreign file is a clear error
-    rows = [r for r in collect_rows(config, out_dir) if r["round"] <= ckpt.round]
-    if [r["round"] for r in rows] != list(range(1, ckpt.round + 1)):
-        raise CheckpointError(
-            f"{out_dir} does not hold the records of rounds 1..{ckpt.round} of the checkpointed "
-            "run; resume in the directory the run wrote"
-        )
-    (out_dir / "metrics.jsonl").write_text("".join(json_line(r) for r in rows))
-    keep_recorded_rounds(out_dir / "aggregations.jsonl", ckpt.round)
+    done = Checkpoint.load(files.checkpoint).round  # a missing or foreign file is a clear error
+    rows = files.kept_rows(collect_rows(config, files), done)
+    files.start(done)
+    files.write_rows(rows)
     n = 1
-    while (out_dir / f"fedml.log.{n}").exists():
+    while (files.out / f"fedml.log.{n}").exists():
         n += 1
-    for log in out_dir.glob("fedml*.log"):
+    for log in files.out.glob("fedml*.log"):
         log.rename(log.with_name(f"{log.name}.{n}"))
 
 
@@ -281,46 +269,27 @@ def tested_rounds(first: int, rounds: int, every: int) -> list[int]:
     return [r for r in range(first, rounds + 1) if (r - 1) % every == 0 or r == rounds]
 
 
-def collect_rows(config: RunConfig, out_dir: Path) -> list[dict[str, Any]]:
+def collect_rows(config: RunConfig, files: RunFiles) -> list[dict[str, Any]]:
     """Per-round rows: those kept from before a resume (``metrics.jsonl``), then the recorder's
     later rounds with FedML's logged test accuracy of each round it tested."""
-    done = out_dir / "metrics.jsonl"
-    kept = [json.loads(x) for x in done.read_text().splitlines()] if done.exists() else []
-    record = out_dir / "aggregations.jsonl"
-    aggregations = (
-        [json.loads(x) for x in record.read_text().splitlines()] if record.exists() else []
-    )
-    log = out_dir / "fedml.log"
+    kept = files.rows()
+    log = files.out / "fedml.log"
     accs = [
         float(a)
         for a in re.findall(r"'test_acc': ([0-9.eE+-]+)", log.read_text() if log.exists() else "")
     ]
     first = len(kept) + 1
     acc = dict(zip(tested_rounds(first, config.rounds, config.eval_every), accs, strict=False))
-    rows = list(kept)
-    for agg in aggregations:
-        if agg["round"] < first:
-            continue
-        row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")} | {
-            "rejected": len(agg["rejected"])
-        }
-        if "mediators" in agg:  # Astraea: the round's mediators (silo indexes), as FedLab's rows
-            row.update(mediators=agg["mediators"], mediator_kl=agg["kl"])
-        if agg["round"] in acc:
-            row["test_accuracy"] = acc[agg["round"]]
-        if "elapsed_s" in agg:  # wall time since the server's aggregator was made
-            row["elapsed_s"] = agg["elapsed_s"]
-        rows.append(row)
-    return rows
+    rows = files.aggregation_rows(first)
+    for row in rows:
+        if row["round"] in acc:
+            row["test_accuracy"] = acc[row["round"]]
+    return kept + rows
 
 
-def collect(config: RunConfig, out_dir: Path, elapsed_s: float | None = None) -> dict[str, Any]:
+def collect(config: RunConfig, files: RunFiles, elapsed_s: float | None = None) -> dict[str, Any]:
     """``metrics.jsonl`` and ``summary.json`` from the recorder and FedML's log (and the run's
     wall time, ``elapsed_s``, as the other hosts write it)."""
-    rows = collect_rows(config, out_dir)
-    (out_dir / "metrics.jsonl").write_text("".join(json_line(r) for r in rows))
-    from fl_adapters.experiment import run_summary
-
-    summary = run_summary(config, rows, elapsed_s)
-    (out_dir / "summary.json").write_text(json_doc(summary))
-    return summary
+    rows = collect_rows(config, files)
+    files.write_rows(rows)
+    return files.finish(run_summary(config, rows, elapsed_s))

@@ -66,7 +66,7 @@ def test_simulation_resume_ends_on_the_uninterrupted_run(
     [
         ({"seed": 8}, "seed: checkpoint 7, now 8"),
         ({"aggregator_args": {"beta": 0.5}}, "aggregator-args"),
-        ({}, "does not hold the aggregation records of rounds 1..1"),
+        ({}, "aggregations.jsonl does not hold rounds 1..1"),
     ],
     ids=["seed", "aggregator-args", "no-record"],
 )
