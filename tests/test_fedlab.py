@@ -78,6 +78,8 @@ def test_cross_process_matches_standalone_in_round_one(tmp_path: Path, monkeypat
     assert [r["round"] for r in dist] == [1, 2, 3] and {r["host"] for r in dist} == {
         "fedlab-distributed"
     }
+    # The server process records under its --out as well, the same lines as the user's file.
+    assert records(tmp_path / "dist" / "aggregations.jsonl") == dist
     for r in dist:  # fedloss weights are the reported losses, normalised
         assert r["weights"] == pytest.approx(fedloss_weights([m["val_loss"] for m in r["metrics"]]))
     by_client = lambda r: {c: w for c, w in zip(r["clients"], r["weights"], strict=True)}  # noqa: E731

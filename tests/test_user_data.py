@@ -76,10 +76,3 @@ def test_an_archive_trains_on_fedlab(tmp_path: Path) -> None:
 def test_an_archive_trains_on_fedml_sp(tmp_path: Path) -> None:
     summary = user_data_run(tmp_path, "fedml-sp")
     assert summary["best_accuracy"] > 0.6
-
-
-@pytest.mark.slow
-def test_an_archive_trains_on_fedlab_processes(tmp_path: Path) -> None:
-    # The server process readies and writes the run's record itself, as the other hosts do.
-    summary = user_data_run(tmp_path, "fedlab-distributed")
-    assert summary["best_accuracy"] > 0.6
