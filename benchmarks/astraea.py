@@ -543,7 +543,8 @@ def report(
         " mediators of 10, 1 local epoch, Em = 2 passes: the same 100 client-epochs a round."
         " A sample-pass is one sample trained on for one epoch (augmented copies included).\n\n"
         f"Regenerate: `{command.strip()}` (per-run records in"
-        f" `benchmarks/results/per-run/{opts['stem']}/`; runs with a record are not run again).\n\n"
+        f" `benchmarks/results/per-run/{opts['stem']}/`; runs with a record are not run again;"
+        " `--no-run` rewrites this report from them alone).\n\n"
         + (f"**Incomplete:** not yet run: {', '.join(missing)}.\n\n" if missing else "")
         + "## Accuracy at equal rounds and at equal computation\n\n"
         + accuracy_table(by, opts)
@@ -612,7 +613,8 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print("no run of this benchmark is recorded yet: nothing to report", file=sys.stderr)
         return 1
-    command = "fedbalance bench astraea " + " ".join(argv if argv is not None else sys.argv[1:])
+    given = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--no-run"]
+    command = "fedbalance bench astraea " + " ".join(given)  # what runs the missing runs too
     text = report(records, opts, command)
     modes = mode_runs(opts) if len(opts["frameworks"]) > 1 else []
     if modes:
