@@ -112,10 +112,9 @@ class RunFiles:
             for path in (self.record, self.metrics, self.summary, self.checkpoint):
                 path.unlink(missing_ok=True)
             return self.record
-        lines = self.record.read_text().splitlines() if self.record.is_file() else []
-        kept = [x for x in lines if json.loads(x)["round"] <= done]
-        self._require_rounds([json.loads(x)["round"] for x in kept], done, self.record)
-        self.record.write_text("".join(x + "\n" for x in kept))
+        kept = [(line, agg) for line, agg in self._aggregations() if agg["round"] <= done]
+        self._require_rounds([agg["round"] for _, agg in kept], done, self.record)
+        self.record.write_text("".join(line + "\n" for line, _ in kept))
         return self.record
 
     def rows(self) -> list[dict[str, Any]]:
@@ -135,8 +134,7 @@ class RunFiles:
         record: clients, weights, rejected and skipped counts, an Astraea round's mediators
         and their KL, and the aggregator's wall time since it was made."""
         rows = []
-        lines = self.record.read_text().splitlines() if self.record.is_file() else []
-        for agg in map(json.loads, lines):
+        for _, agg in self._aggregations():
             if agg["round"] < first:
                 continue
             row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")}
@@ -159,6 +157,21 @@ class RunFiles:
 
         self.summary.write_text(json_doc(summary))
         return summary
+
+    def _aggregations(self) -> list[tuple[str, dict[str, Any]]]:
+        """The record's lines with what they hold. A line that does not parse was cut short by
+        a kill while it was written: the last one, of a round no checkpoint holds, so it is
+        left out (a round missing from the middle is refused by :meth:`start`)."""
+        text = self.record.read_text() if self.record.is_file() else ""
+        out = []
+        for line in text.splitlines():
+            try:
+                agg = json.loads(line)
+                int(agg["round"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            out.append((line, agg))
+        return out
 
     def _require_rounds(self, rounds: list[Any], done: int, path: Path) -> None:
         if rounds != list(range(1, done + 1)):

@@ -99,7 +99,7 @@ class MetricsWriter:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.files = RunFiles(out_dir)
         done = resume_from.round if resume_from is not None else None
-        self.rows = self.files.kept_rows(self.files.rows(), done) if done else []
+        self.rows = self.files.kept_rows(self.files.rows(), done) if done is not None else []
         self.files.start(done)
         self.files.write_rows(self.rows)
         #: ``eval_data: test``: the dataset's test set; otherwise each round's evaluated

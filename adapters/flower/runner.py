@@ -146,7 +146,7 @@ def run_deployment(
     environ = {**os.environ, "FLWR_HOME": str(home), **(env or {}), "PATH": path}
     dep = Deployment(port, node_ports, work)
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
-    helpers: set[int] = set()  # the processes Flower's started below them
+    helpers: set[int] = set()  # the processes Flower started below them
     handles = []
 
     def start(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
@@ -187,8 +187,9 @@ def run_deployment(
         failed = watch(procs, deadline - time.monotonic(), until=cli, helpers=helpers)
         if failed is not None:
             name = next((n for n in dep.logs if failed.startswith(n + " ")), None)
-            where = f"log: {dep.logs[name]}" if name is not None else f"logs in {work}"
-            raise DeploymentFailed(f"{failed} during the run ({where})")
+            if name is None:  # the deadline
+                raise DeploymentFailed(f"{failed} (logs in {work})")
+            raise DeploymentFailed(f"{failed} during the run (log: {dep.logs[name]})")
     finally:
         for _, proc in procs:  # a start-up that failed before watch
             helpers.update(stop(proc))
