@@ -332,14 +332,9 @@ def _simulate(
             argv, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT,
             start_new_session=True,  # Ray's processes with it
         )  # fmt: skip
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            stop(proc)
-    if proc.returncode != 0:
-        raise RunFailed(f"the Flower simulation {exit_reason(proc.returncode)} (log: {log_path})")
+        failed = watch([("the Flower simulation", proc)], timeout)  # stops Ray's too
+    if failed is not None:
+        raise RunFailed(f"{failed} (log: {log_path})")
 
 
 def collect(config: RunConfig, files: RunFiles, elapsed_s: float | None = None) -> dict[str, Any]:
