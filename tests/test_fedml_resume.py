@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -167,6 +168,20 @@ def test_fedml_rows_take_test_accuracy_from_the_rounds_fedml_tests(tmp_path: Pat
 
 # -- real FedML runs -----------------------------------------------------------------------------
 pytest.importorskip("fedml")
+
+
+def test_a_fedml_run_past_its_deadline_is_stopped_and_says_so(tmp_path: Path) -> None:
+    from fl_adapters.config import RunFailed
+    from fl_adapters.fedml.runner import run_fedml
+
+    started = time.monotonic()
+    with pytest.raises(RunFailed) as err:  # FedML's imports alone take longer than this
+        run_fedml(run_config(tmp_path, "slow"), tmp_path / "out", timeout=0.5)
+    assert time.monotonic() - started < 30
+    assert str(err.value).startswith(
+        "FedML: the run did not finish within 0 s (stopped after no completed round); see "
+    ), err.value
+    assert "no round had completed, so there is no checkpoint" in str(err.value)
 
 
 @pytest.mark.slow

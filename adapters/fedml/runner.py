@@ -169,27 +169,21 @@ def run_fedml(
         # (FedLab's cross-process launcher does the same).
         run_grpc(config, out_dir, cfg_path, {"OMP_NUM_THREADS": "1"} | env, timeout)
         return collect(config, files, elapsed_s=time.monotonic() - started)
-    with open(out_dir / "fedml.log", "w") as log:
-        try:
-            proc = subprocess.run(
-                command(config, cfg_path),
-                cwd=out_dir,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise RunFailed(
-                f"FedML run did not finish within {timeout:.0f} s; see {out_dir}/fedml.log"
-                f"{resume_hint(out_dir)}"
-            ) from e
-    if proc.returncode != 0:
-        dead = mpi_casualty((out_dir / "fedml.log").read_text(errors="replace"))
-        raise RunFailed(
-            f"FedML exited with code {proc.returncode}{f' ({dead})' if dead else ''} after "
-            f"{progress(config, record)}; see {out_dir}/fedml.log{resume_hint(out_dir)}"
+    log_path = out_dir / "fedml.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            command(config, cfg_path), cwd=out_dir, env=env, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,  # stopped with mpirun's ranks
+        )  # fmt: skip
+        failed = watch([("FedML", proc)], timeout)
+    if failed is not None:
+        dead = mpi_casualty(log_path.read_text(errors="replace"))
+        what = (
+            f"{failed}{f' ({dead})' if dead else ''} after {progress(config, record)}"
+            if failed.startswith("FedML ")
+            else f"FedML: {failed} (stopped after {progress(config, record)})"  # the deadline
         )
+        raise RunFailed(f"{what}; see {log_path}{resume_hint(out_dir)}")
     return collect(config, files, elapsed_s=time.monotonic() - started)
 
 
