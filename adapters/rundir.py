@@ -112,7 +112,7 @@ class RunFiles:
             for path in (self.record, self.metrics, self.summary, self.checkpoint):
                 path.unlink(missing_ok=True)
             return self.record
-        kept = [(line, agg) for line, agg in self._aggregations() if agg["round"] <= done]
+        kept = [(line, agg) for line, agg in self.aggregations() if agg["round"] <= done]
         self._require_rounds([agg["round"] for _, agg in kept], done, self.record)
         self.record.write_text("".join(line + "\n" for line, _ in kept))
         return self.record
@@ -134,7 +134,7 @@ class RunFiles:
         record: clients, weights, rejected and skipped counts, an Astraea round's mediators
         and their KL, and the aggregator's wall time since it was made."""
         rows = []
-        for _, agg in self._aggregations():
+        for _, agg in self.aggregations():
             if agg["round"] < first:
                 continue
             row = {k: agg[k] for k in ("round", "clients", "weights", "skipped")}
@@ -158,7 +158,7 @@ class RunFiles:
         self.summary.write_text(json_doc(summary))
         return summary
 
-    def _aggregations(self) -> list[tuple[str, dict[str, Any]]]:
+    def aggregations(self) -> list[tuple[str, dict[str, Any]]]:
         """The record's lines with what they hold. A line that does not parse was cut short by
         a kill while it was written: the last one, of a round no checkpoint holds, so it is
         left out (a round missing from the middle is refused by :meth:`start`)."""

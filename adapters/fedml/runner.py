@@ -16,7 +16,6 @@ one) and ``summary.json``. ``resume=True`` continues from ``checkpoint.pt`` (the
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -179,9 +178,9 @@ def run_fedml(
     if failed is not None:
         dead = mpi_casualty(log_path.read_text(errors="replace"))
         what = (
-            f"{failed}{f' ({dead})' if dead else ''} after {progress(config, record)}"
+            f"{failed}{f' ({dead})' if dead else ''} after {progress(config, files)}"
             if failed.startswith("FedML ")
-            else f"FedML: {failed} (stopped after {progress(config, record)})"  # the deadline
+            else f"FedML: {failed} (stopped after {progress(config, files)})"  # the deadline
         )
         raise RunFailed(f"{what}; see {log_path}{resume_hint(out_dir)}")
     return collect(config, files, elapsed_s=time.monotonic() - started)
@@ -210,14 +209,9 @@ def keep_completed_rounds(config: RunConfig, files: RunFiles) -> None:
         log.rename(log.with_name(f"{log.name}.{n}"))
 
 
-def progress(config: RunConfig, record: Path) -> str:
-    """``round 3 of 10`` (the last aggregation in the recorder) or ``no completed round``."""
-    rounds = []
-    for line in record.read_text().splitlines() if record.exists() else []:
-        try:
-            rounds.append(int(json.loads(line)["round"]))
-        except (ValueError, KeyError, TypeError):  # a line cut short by the kill
-            continue
+def progress(config: RunConfig, files: RunFiles) -> str:
+    """``round 3 of 10`` (the last aggregation in the record) or ``no completed round``."""
+    rounds = [agg["round"] for _, agg in files.aggregations()]
     return f"round {rounds[-1]} of {config.rounds}" if rounds else "no completed round"
 
 
@@ -252,7 +246,7 @@ def run_grpc(
         dead = next((r for r, name in names.items() if failed.startswith(name + " ")), 0)
         raise RunFailed(
             f"FedML cross-silo over gRPC: {failed} after "
-            f"{progress(config, out_dir / 'aggregations.jsonl')}; every other process was "
+            f"{progress(config, RunFiles(out_dir))}; every other process was "
             f"stopped. See {logs[dead]}{resume_hint(out_dir)}"
         )
 
