@@ -72,7 +72,8 @@ def watch(
             if until.returncode == 0 if until is not None else all(c == 0 for _, c in codes):
                 return None
             if time.monotonic() > deadline:
-                return f"the run did not finish within {timeout:.0f} s"
+                shown = f"{timeout:.0f}" if timeout >= 1 else f"{timeout:.2g}"
+                return f"the run did not finish within {shown} s"
             time.sleep(poll)
     finally:
         for _, p in procs:

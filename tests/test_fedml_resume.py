@@ -179,7 +179,7 @@ def test_a_fedml_run_past_its_deadline_is_stopped_and_says_so(tmp_path: Path) ->
         run_fedml(run_config(tmp_path, "slow"), tmp_path / "out", timeout=0.5)
     assert time.monotonic() - started < 30
     assert str(err.value).startswith(
-        "FedML: the run did not finish within 0 s (stopped after no completed round); see "
+        "FedML: the run did not finish within 0.5 s (stopped after no completed round); see "
     ), err.value
     assert "no round had completed, so there is no checkpoint" in str(err.value)
 

@@ -43,7 +43,9 @@ def test_a_killed_process_is_worded_by_its_signal() -> None:
 
 def test_the_deadline_stops_everything() -> None:
     slow = python("import time; time.sleep(60)")
-    assert watch([("server", slow)], timeout=0.3, poll=0.05) == "the run did not finish within 0 s"
+    assert (
+        watch([("server", slow)], timeout=0.3, poll=0.05) == "the run did not finish within 0.3 s"
+    )
     assert slow.returncode == -9
 
 
