@@ -45,13 +45,25 @@ def stop(proc: subprocess.Popen[bytes]) -> list[int]:
     return helpers
 
 
+class Failure(str):
+    """What :func:`watch` reports: the message (``"silo rank 2 was killed by signal 9
+    (SIGKILL)"``), with ``who`` the name of the process that failed, ``None`` at the deadline."""
+
+    who: str | None
+
+    def __new__(cls, message: str, who: str | None = None) -> Failure:
+        self = super().__new__(cls, message)
+        self.who = who
+        return self
+
+
 def watch(
     procs: list[tuple[str, subprocess.Popen[bytes]]],
     timeout: float,
     poll: float = 0.2,
     until: subprocess.Popen[bytes] | None = None,
     helpers: set[int] | None = None,
-) -> str | None:
+) -> Failure | None:
     """Supervise a run's processes; ``None`` when the run ended well, else what went wrong.
 
     The run ends well when every process has exited with 0, or, given ``until`` (a client
@@ -68,12 +80,13 @@ def watch(
             codes = [(name, p.poll()) for name, p in procs]  # every process, every time
             bad = [(name, code) for name, code in codes if code not in (None, 0)]
             if bad:
-                return f"{bad[0][0]} {exit_reason(bad[0][1])}"
+                who, code = bad[0]
+                return Failure(f"{who} {exit_reason(code)}", who)
             if until.returncode == 0 if until is not None else all(c == 0 for _, c in codes):
                 return None
             if time.monotonic() > deadline:
                 shown = f"{timeout:.0f}" if timeout >= 1 else f"{timeout:.2g}"
-                return f"the run did not finish within {shown} s"
+                return Failure(f"the run did not finish within {shown} s")
             time.sleep(poll)
     finally:
         for _, p in procs:

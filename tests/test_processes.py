@@ -30,7 +30,9 @@ def test_the_first_death_in_order_is_named_and_the_survivors_are_stopped() -> No
     server = python("import time; time.sleep(60)")
     procs = [("server", server), ("client process rank 2", python("raise SystemExit(3)"))]
     started = time.monotonic()
-    assert watch(procs, timeout=60, poll=0.05) == "client process rank 2 exited with code 3"
+    failed = watch(procs, timeout=60, poll=0.05)
+    assert failed == "client process rank 2 exited with code 3"
+    assert failed is not None and failed.who == "client process rank 2"
     assert time.monotonic() - started < 30 and server.returncode == -9
 
 
@@ -43,9 +45,9 @@ def test_a_killed_process_is_worded_by_its_signal() -> None:
 
 def test_the_deadline_stops_everything() -> None:
     slow = python("import time; time.sleep(60)")
-    assert (
-        watch([("server", slow)], timeout=0.3, poll=0.05) == "the run did not finish within 0.3 s"
-    )
+    failed = watch([("server", slow)], timeout=0.3, poll=0.05)
+    assert failed == "the run did not finish within 0.3 s"
+    assert failed is not None and failed.who is None  # nobody died: the deadline
     assert slow.returncode == -9
 
 

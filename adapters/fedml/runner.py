@@ -166,7 +166,7 @@ def run_fedml(
     if grpc:
         # Every rank on this machine: one torch thread each unless the user says otherwise
         # (FedLab's cross-process launcher does the same).
-        run_grpc(config, out_dir, cfg_path, {"OMP_NUM_THREADS": "1"} | env, timeout)
+        run_grpc(config, files, cfg_path, {"OMP_NUM_THREADS": "1"} | env, timeout)
         return collect(config, files, elapsed_s=time.monotonic() - started)
     log_path = out_dir / "fedml.log"
     with open(log_path, "w") as log:
@@ -179,7 +179,7 @@ def run_fedml(
         dead = mpi_casualty(log_path.read_text(errors="replace"))
         what = (
             f"{failed}{f' ({dead})' if dead else ''} after {progress(config, files)}"
-            if failed.startswith("FedML ")
+            if failed.who is not None
             else f"FedML: {failed} (stopped after {progress(config, files)})"  # the deadline
         )
         raise RunFailed(f"{what}; see {log_path}{resume_hint(out_dir)}")
@@ -216,9 +216,10 @@ def progress(config: RunConfig, files: RunFiles) -> str:
 
 
 def run_grpc(
-    config: RunConfig, out_dir: Path, cfg_path: Path, env: dict[str, str], timeout: float
+    config: RunConfig, files: RunFiles, cfg_path: Path, env: dict[str, str], timeout: float
 ) -> None:
     """The server and every silo as separate processes over FedML's gRPC; one dies, all stop."""
+    out_dir = files.out
     script = [sys.executable, str(example_dir() / "main.py"), "--cf", str(cfg_path)]
     silos = range(1, config.clients_per_round + 1)
     names = {r: f"silo rank {r}" for r in silos} | {0: "server (rank 0)"}
@@ -243,10 +244,10 @@ def run_grpc(
         raise
     failed = watch(procs, timeout)
     if failed is not None:
-        dead = next((r for r, name in names.items() if failed.startswith(name + " ")), 0)
+        dead = next((r for r, name in names.items() if name == failed.who), 0)
         raise RunFailed(
             f"FedML cross-silo over gRPC: {failed} after "
-            f"{progress(config, RunFiles(out_dir))}; every other process was "
+            f"{progress(config, files)}; every other process was "
             f"stopped. See {logs[dead]}{resume_hint(out_dir)}"
         )
 

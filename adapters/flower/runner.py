@@ -186,10 +186,9 @@ def run_deployment(
         # themselves. watch stops every process (and the helpers below them) either way.
         failed = watch(procs, deadline - time.monotonic(), until=cli, helpers=helpers)
         if failed is not None:
-            name = next((n for n in dep.logs if failed.startswith(n + " ")), None)
-            if name is None:  # the deadline
+            if failed.who is None:  # the deadline
                 raise DeploymentFailed(f"{failed} (logs in {work})")
-            raise DeploymentFailed(f"{failed} during the run (log: {dep.logs[name]})")
+            raise DeploymentFailed(f"{failed} during the run (log: {dep.logs[failed.who]})")
     finally:
         for _, proc in procs:  # a start-up that failed before watch
             helpers.update(stop(proc))
