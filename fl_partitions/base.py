@@ -24,9 +24,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fl_partitions._alloc import OwnerArray, group_order
-from fl_partitions._limits import MAX_CELLS, MAX_CLASSES, MAX_CLIENTS
+from fl_partitions._limits import MAX_CELLS, MAX_CLASSES, MAX_CLIENTS, MAX_TRIES
 from fl_partitions._rng import SeedLike, as_generator, seed_int
-from fl_partitions.params import ParameterError, check_fractions, check_int_range
+from fl_partitions.params import (
+    ParameterError,
+    check_fractions,
+    check_int_range,
+    check_positive_float,
+    check_positive_int,
+)
 from fl_partitions.partition import DEFAULT_SPLIT, Partition
 
 IntArray = NDArray[np.int64]
@@ -189,6 +195,24 @@ class Partitioner(ABC):
             split=fractions,
             class_counts=counts,
         )
+
+
+class DirichletPartitioner(Partitioner):
+    """A split by Dirichlet proportions (``beta``) that redraws, at most ``max_tries`` times,
+    until every client holds ``min_size`` samples."""
+
+    def __init__(self, *, beta: float = 0.5, min_size: int = 10, max_tries: int = 100) -> None:
+        self.beta = check_positive_float("beta", beta)
+        self.min_size = check_positive_int("min_size", min_size, minimum=0)
+        self.max_tries = check_int_range("max_tries", max_tries, 1, MAX_TRIES)
+
+    def check_min_size(self, num_samples: int, num_clients: int) -> None:
+        """A ``min_size`` no partition can meet is a :class:`ParameterError` before any draw."""
+        if num_clients * self.min_size > num_samples:
+            raise ParameterError(
+                f"min_size={self.min_size} cannot be met: {num_clients} clients x {self.min_size} "
+                f"> {num_samples} samples; lower min_size or num_clients"
+            )
 
 
 def _is_identity(kept: IntArray, n: int) -> bool:

@@ -31,14 +31,8 @@ from fl_partitions._alloc import (
     owners,
     top_up,
 )
-from fl_partitions._limits import MAX_TRIES, redraw_limit
-from fl_partitions.base import IntArray, Partitioner
-from fl_partitions.params import (
-    ParameterError,
-    check_int_range,
-    check_positive_float,
-    check_positive_int,
-)
+from fl_partitions._limits import redraw_limit
+from fl_partitions.base import DirichletPartitioner, IntArray
 
 
 def dirichlet_label_counts(
@@ -68,24 +62,15 @@ def dirichlet_label_counts(
     return counts
 
 
-class LabelDirichlet(Partitioner):
+class LabelDirichlet(DirichletPartitioner):
     """Label skew: per class, client shares ~ Dir(beta); smaller beta, stronger skew."""
 
     name = "label_dirichlet"
 
-    def __init__(self, *, beta: float = 0.5, min_size: int = 10, max_tries: int = 100) -> None:
-        self.beta = check_positive_float("beta", beta)
-        self.min_size = check_positive_int("min_size", min_size, minimum=0)
-        self.max_tries = check_int_range("max_tries", max_tries, 1, MAX_TRIES)
-
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
     ) -> OwnerArray:
-        if num_clients * self.min_size > len(labels):
-            raise ParameterError(
-                f"min_size={self.min_size} cannot be met: {num_clients} clients x {self.min_size} "
-                f"> {len(labels)} samples; lower min_size or num_clients"
-            )
+        self.check_min_size(len(labels), num_clients)
         by_class = class_positions(labels, num_classes)
         class_sizes = np.array([len(p) for p in by_class], dtype=np.int64)
         tries = redraw_limit(self.max_tries, int(np.count_nonzero(class_sizes)), num_clients)

@@ -17,35 +17,20 @@ from __future__ import annotations
 import numpy as np
 
 from fl_partitions._alloc import OwnerArray, assign_counts, counts_from_proportions, owners
-from fl_partitions._limits import MAX_TRIES, redraw_limit
-from fl_partitions.base import IntArray, Partitioner
-from fl_partitions.params import (
-    ParameterError,
-    check_int_range,
-    check_positive_float,
-    check_positive_int,
-)
+from fl_partitions._limits import redraw_limit
+from fl_partitions.base import DirichletPartitioner, IntArray
 
 
-class QuantityDirichlet(Partitioner):
+class QuantityDirichlet(DirichletPartitioner):
     """Quantity skew: client sizes ~ Dir(beta), each client's labels IID."""
 
     name = "quantity_dirichlet"
-
-    def __init__(self, *, beta: float = 0.5, min_size: int = 10, max_tries: int = 100) -> None:
-        self.beta = check_positive_float("beta", beta)
-        self.min_size = check_positive_int("min_size", min_size, minimum=0)
-        self.max_tries = check_int_range("max_tries", max_tries, 1, MAX_TRIES)
 
     def assign(
         self, labels: IntArray, num_clients: int, num_classes: int, rng: np.random.Generator
     ) -> OwnerArray:
         n = len(labels)
-        if num_clients * self.min_size > n:
-            raise ParameterError(
-                f"min_size={self.min_size} cannot be met: {num_clients} clients x {self.min_size} "
-                f"> {n} samples; lower min_size or num_clients"
-            )
+        self.check_min_size(n, num_clients)
         for _ in range(redraw_limit(self.max_tries, 1, num_clients)):
             q = rng.dirichlet(np.full(num_clients, self.beta))
             counts = counts_from_proportions(q, n)
