@@ -417,39 +417,15 @@ BAD_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("more clients than samples", {"num_clients": 5000}),
 ]
 BAD_ARGV: list[tuple[str, list[str]]] = [
-    (
-        "negative client count",
-        ["partition", "--dataset", "digits", "--clients", "-3", "--out", "x.json"],
-    ),
+    ("negative client count", "partition --dataset digits --clients -3 --out x.json".split()),
     (
         "unknown scheme",
-        [
-            "partition",
-            "--dataset",
-            "digits",
-            "--clients",
-            "4",
-            "--scheme",
-            "nope",
-            "--out",
-            "x.json",
-        ],
+        "partition --dataset digits --clients 4 --scheme nope --out x.json".split(),
     ),
     (
         "bad --set value",
-        [
-            "partition",
-            "--dataset",
-            "digits",
-            "--clients",
-            "4",
-            "--scheme",
-            "label_dirichlet",
-            "--set",
-            "beta=abc",
-            "--out",
-            "x.json",
-        ],
+        "partition --dataset digits --clients 4 --scheme label_dirichlet --set beta=abc "
+        "--out x.json".split(),
     ),
     ("missing config file", ["run", "does-not-exist.yaml"]),
     ("count matrix with a negative", ["astraea", "plan", "--class-counts", "{counts}"]),

@@ -192,27 +192,10 @@ def test_demo_prints_the_five_scenarios(tmp_path: Path, capsys) -> None:  # type
 
 @pytest.mark.slow
 def test_quick_thesis_bench_writes_tables_and_plots(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    code = main(
-        [
-            "bench",
-            "thesis",
-            "--quick",
-            "--dataset",
-            "digits",
-            "--rounds",
-            "2",
-            "--workers",
-            "1",
-            "--scenarios",
-            "iid",
-            "mixed",
-            "--aggregators",
-            "fedavg",
-            "fedloss",
-            "--out",
-            str(tmp_path),
-        ]
-    )
+    argv = "bench thesis --quick --dataset digits --rounds 2 --workers 1".split()
+    argv += ["--scenarios", "iid", "mixed", "--aggregators", "fedavg", "fedloss"]
+    argv += ["--out", str(tmp_path)]
+    code = main(argv)
     assert code == 0
     table = (tmp_path / "thesis_digits_quick.md").read_text()
     assert (
@@ -222,30 +205,7 @@ def test_quick_thesis_bench_writes_tables_and_plots(tmp_path: Path, capsys) -> N
     assert len(doc["runs"]) == 4 and all(len(r["accuracy"]) == 2 for r in doc["runs"])
     assert (tmp_path / "thesis_digits_quick_mixed.png").stat().st_size > 1000
     # a second call resumes: nothing is re-run, the table is the same
-    assert (
-        main(
-            [
-                "bench",
-                "thesis",
-                "--quick",
-                "--dataset",
-                "digits",
-                "--rounds",
-                "2",
-                "--workers",
-                "1",
-                "--scenarios",
-                "iid",
-                "mixed",
-                "--aggregators",
-                "fedavg",
-                "fedloss",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
+    assert main(argv) == 0
     assert (tmp_path / "thesis_digits_quick.md").read_text().split("\n", 4)[4] == table.split(
         "\n", 4
     )[4]

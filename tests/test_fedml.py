@@ -224,21 +224,8 @@ def test_fedml_loader_partitions_with_a_fedbalance_scheme(tmp_path: Path, monkey
 def test_thesis_bench_runs_on_fedml_sp(tmp_path: Path) -> None:
     from fl_adapters.cli import main
 
-    common = [
-        "--quick",
-        "--dataset",
-        "digits",
-        "--rounds",
-        "2",
-        "--workers",
-        "1",
-        "--scenarios",
-        "mixed",
-        "--aggregators",
-        "fedloss",
-        "--out",
-        str(tmp_path),
-    ]
+    common = "--quick --dataset digits --rounds 2 --workers 1 --scenarios mixed".split()
+    common += ["--aggregators", "fedloss", "--out", str(tmp_path)]
     assert main(["bench", "thesis", *common]) == 0  # FedLab's runs, to compare with
     code = main(["bench", "thesis", "--framework", "fedml-sp", *common])
     assert code == 0

@@ -99,6 +99,12 @@ def plugin_module(name: str, partitioners: list[type]) -> types.ModuleType:
     return mod
 
 
+def every_other_plugin() -> FakeEntryPoint:
+    """The distribution ``fb-everyother``, whose plugin module contributes :class:`EveryOther`."""
+    module = plugin_module("fb_everyother", [EveryOther])
+    return FakeEntryPoint("everyother", "fb_everyother", FakeDist("fb-everyother"), module)
+
+
 @pytest.fixture
 def with_entry_points(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Install fake third-party distributions beside the real ones: each entry point's
@@ -159,14 +165,7 @@ def test_unknown_name_without_close_match_has_no_suggestion() -> None:
 
 
 def test_third_party_plugin_is_found_and_usable(with_entry_points) -> None:  # type: ignore[no-untyped-def]
-    with_entry_points(
-        FakeEntryPoint(
-            "everyother",
-            "fb_everyother",
-            FakeDist("fb-everyother"),
-            target=plugin_module("fb_everyother", [EveryOther]),
-        )
-    )
+    with_entry_points(every_other_plugin())
     registry = Registry()
     info = {i.name: i for i in registry.infos("partitioners")}["every_other"]
     assert info.source == "fb-everyother"
@@ -176,14 +175,7 @@ def test_third_party_plugin_is_found_and_usable(with_entry_points) -> None:  # t
 
 
 def test_third_party_component_inside_mixed(with_entry_points) -> None:  # type: ignore[no-untyped-def]
-    with_entry_points(
-        FakeEntryPoint(
-            "everyother",
-            "fb_everyother",
-            FakeDist("fb-everyother"),
-            target=plugin_module("fb_everyother", [EveryOther]),
-        )
-    )
+    with_entry_points(every_other_plugin())
     part = (
         Registry()
         .make_partitioner(
@@ -248,12 +240,7 @@ def test_disable_autoload_loads_builtins_only(with_entry_points, monkeypatch) ->
     cause = ImportError("would break")
     with_entry_points(
         FakeEntryPoint("broken", "fb_broken", FakeDist("fb-broken"), error=cause),
-        FakeEntryPoint(
-            "everyother",
-            "fb_everyother",
-            FakeDist("fb-everyother"),
-            target=plugin_module("fb_everyother", [EveryOther]),
-        ),
+        every_other_plugin(),
     )
     monkeypatch.setenv("FEDBALANCE_DISABLE_PLUGIN_AUTOLOAD", "1")
     names = set(Registry().names("partitioners"))
@@ -263,14 +250,7 @@ def test_disable_autoload_loads_builtins_only(with_entry_points, monkeypatch) ->
 def test_list_json_shape(with_entry_points, capsys) -> None:  # type: ignore[no-untyped-def]
     from fl_adapters.cli import main
 
-    with_entry_points(
-        FakeEntryPoint(
-            "everyother",
-            "fb_everyother",
-            FakeDist("fb-everyother"),
-            target=plugin_module("fb_everyother", [EveryOther]),
-        )
-    )
+    with_entry_points(every_other_plugin())
     assert main(["list", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"aggregators", "partitioners", "hosts"}

@@ -13,7 +13,7 @@ import torch
 from fedlab.contrib.algorithm.basic_client import SGDClientTrainer, SGDSerialClientTrainer
 from fedlab.core.client.manager import PassiveClientManager
 from fedlab.core.network import DistNetwork
-from fedlab_stock_standalone import DigitsFed
+from fedlab_stock_standalone import DigitsFed, digits_mlp
 
 
 class Slice:
@@ -32,9 +32,7 @@ class Slice:
 def main():
     port, world, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.manual_seed(rank)
-    model = torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
-    )
+    model = digits_mlp()
     if sys.argv[4:] == ["single"]:
         trainer = SGDClientTrainer(model)
         trainer.setup_dataset(Slice(DigitsFed(world - 1), rank - 1, 1))

@@ -12,23 +12,18 @@ import torch
 from fedlab.contrib.algorithm.basic_server import SyncServerHandler
 from fedlab.core.network import DistNetwork
 from fedlab.core.server.manager import SynchronousServerManager
+from fedlab_stock_standalone import digits_mlp, print_checksum
 
 
 def main():
     port, world, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     random.seed(0)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
-    )
+    model = digits_mlp()
     handler = SyncServerHandler(model, global_round=rounds, sample_ratio=0.5)
     network = DistNetwork(("127.0.0.1", port), world_size=world, rank=0)
     SynchronousServerManager(network=network, handler=handler, mode="LOCAL").run()
-    print(
-        "CHECKSUM",
-        float(handler.model_parameters.double().sum()),
-        float(handler.model_parameters.abs().double().sum()),
-    )
+    print_checksum(handler)
 
 
 if __name__ == "__main__":

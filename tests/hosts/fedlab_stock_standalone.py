@@ -40,23 +40,28 @@ class QuietPipeline(StandalonePipeline):
         pass
 
 
+def digits_mlp():
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+    )
+
+
+def print_checksum(handler):
+    params = handler.model_parameters.double()
+    print("CHECKSUM", float(params.sum()), float(params.abs().sum()))
+
+
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     random.seed(0)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
-    )
+    model = digits_mlp()
     handler = SyncServerHandler(model, global_round=rounds, sample_ratio=0.5)
     trainer = SGDSerialClientTrainer(model, num_clients=6)
     trainer.setup_dataset(DigitsFed(6))
     trainer.setup_optim(epochs=1, batch_size=32, lr=0.1)
     QuietPipeline(handler, trainer).main()
-    print(
-        "CHECKSUM",
-        float(handler.model_parameters.double().sum()),
-        float(handler.model_parameters.abs().double().sum()),
-    )
+    print_checksum(handler)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ the server saves each round's unmasked result as ``r{round}_server.pt``. The hoo
 
 import hashlib
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +36,8 @@ def reconstruct(self: Any, original: Any, *a: Any) -> Any:
 swap = {secure.client_train: client_train, secure.reconstruct: reconstruct}
 secure.TARGETS = tuple((m, c, meth, swap.get(r, r)) for m, c, meth, r in secure.TARGETS)
 
-import fedml  # noqa: E402  (arms fedbalance with the hooks above)
-from fedml import FedMLRunner  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "fedml_example"))
-import data  # noqa: E402  (the example's data module)
+# Importing the example imports fedml, which arms fedbalance with the hooks above.
+from fedml_example_run import run_example  # noqa: E402
 
 if __name__ == "__main__":
-    args = fedml.init()
-    device = fedml.device.get_device(args)
-    dataset, output_dim = data.load(args)
-    model = data.model(args, output_dim)
-    FedMLRunner(args, device, dataset, model).run()
+    run_example()
