@@ -665,10 +665,10 @@ def write(
 
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    def ref(impl: str, op: str, k: int) -> float | None:
+    def ref(impl: str, op: str, k: int) -> dict[str, Any] | None:
         for r in records:
             if (r["impl"], r["operation"], r["clients"]) == (impl, op, k):
-                return r["seconds"]
+                return r
         return None
 
     rows = []
@@ -682,8 +682,8 @@ def write(
                 r["clients"],
                 r["params"],
                 s if s is not None else r.get("note"),
-                f"{s / fedml:.2f}x" if s and fedml else "-",
-                f"{s / floor:.2f}x" if s and floor else "-",
+                _ratio_text(r, fedml),
+                _ratio_text(r, floor),
             ]
         )
     table = markdown_table(
@@ -700,7 +700,9 @@ def write(
         f"# Aggregation speed (ResNet-18 state dict: {len(layout)} tensors, "
         f"{numel(layout):,} values)\n\n"
         f"Median of {repeats} runs after one warm-up, implementations alternating inside each "
-        f"repeat; {_cpu_name()}, {mp.cpu_count()} cores, "
+        f"repeat. A ratio is the median over repeats of the time against the reference's time "
+        f"in the same repeat (this machine's speed drifts between repeats), with the lowest and "
+        f"highest of those ratios in brackets; {_cpu_name()}, {mp.cpu_count()} cores, "
         f"{(mem or 0) / 1e9:.0f} GB free at the end, torch {torch.get_num_threads()} threads, "
         f"{load}.\n"
         f"{_versions()}. {flower_line}\n"
@@ -724,6 +726,24 @@ def write(
     (out_dir / "perf_aggregate.md").write_text(text)
     (out_dir / "perf_aggregate.json").write_text(json.dumps(records, indent=1) + "\n")
     print(text)
+
+
+def repeat_ratios(r: dict[str, Any], ref: dict[str, Any]) -> list[float]:
+    """``r``'s time over ``ref``'s in each repeat (both timed in every repeat), else ``[]``."""
+    times, refs = r.get("seconds_all") or [], ref.get("seconds_all") or []
+    if len(times) != len(refs) or not all(refs):
+        return []
+    return [t / t_ref for t, t_ref in zip(times, refs, strict=True)]
+
+
+def _ratio_text(r: dict[str, Any], ref: dict[str, Any] | None) -> str:
+    """The median per-repeat ratio with its range; the ratio of medians where unpaired."""
+    if ref is None or not r["seconds"] or not ref["seconds"]:
+        return "-"
+    ratios = repeat_ratios(r, ref)
+    if not ratios:
+        return f"{r['seconds'] / ref['seconds']:.2f}x"
+    return f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
