@@ -23,7 +23,7 @@ DOCS_VENV ?= .venv-docs
 DOCS_SPEC := mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 mkdocstrings-python==2.0.11 \
 	mkdocs-autorefs==1.4.5 pymdown-extensions==13.1.2 griffelib==2.4.1 selenium==4.51.0 pytest==9.2.0 pytest-timeout==2.4.0
 
-.PHONY: setup setup-flower system-deps demo test test-flower test-docs docs test-fast fuzz lint bench-perf clean
+.PHONY: setup setup-flower system-deps demo test test-flower test-docs docs test-fast test-cuda fuzz lint bench-perf clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -109,6 +109,12 @@ test-fast: setup
 # their examples (tests/conftest.py). Finds are kept in .hypothesis/; pin each with @example.
 fuzz: setup
 	FEDBALANCE_HYPOTHESIS=fuzz $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The CUDA path (tests/cuda): aggregators on GPU tensors, training on a GPU model, FedLab's stock
+# example with cuda=True armed with fedbalance. Needs a CUDA device; not part of `make test` or CI
+# (which have none), so the main suite is the same on every machine.
+test-cuda: setup
+	FEDBALANCE_CUDA_TESTS=1 $(PY) -m pytest tests/cuda -p no:cacheprovider $(PYTEST_ARGS)
 
 bench-perf: setup
 	$(VENV)/bin/fedbalance bench perf-partition

@@ -72,6 +72,14 @@ def batches(
         yield get(order[start : start + batch_size].numpy())
 
 
+def device_of(model: nn.Module) -> torch.device:
+    """Where ``model``'s parameters live (the CPU for a model without any): batches follow the
+    model, so a host that put it on a GPU (FedLab's ``cuda=True`` trainers) trains and
+    evaluates there."""
+    first = next(model.parameters(), None)
+    return torch.device("cpu") if first is None else first.device
+
+
 def local_train(
     model: nn.Module,
     dataset: Dataset[Any],
@@ -95,13 +103,14 @@ def local_train(
     gen = torch.Generator().manual_seed(seed)
     opt = make_optimizer(optimizer, model.parameters(), lr)
     criterion = nn.CrossEntropyLoss()
+    device = device_of(model)
     model.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed ^ 0x5EED)
         for _ in range(epochs):
             for x, y in batches(dataset, batch_size, shuffle=True, generator=gen):
                 opt.zero_grad(set_to_none=True)
-                criterion(model(x), y).backward()
+                criterion(model(x.to(device)), y.to(device)).backward()
                 opt.step()
     return n
 
@@ -121,8 +130,10 @@ def evaluate(
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
     criterion = nn.CrossEntropyLoss(reduction="sum")
+    device = device_of(model)
     for ds in parts:
         for x, y in batches(ds, batch_size):
+            x, y = x.to(device), y.to(device)
             out = model(x)
             loss_sum += float(criterion(out, y))
             correct += int((out.argmax(dim=1) == y).sum())

@@ -17,6 +17,16 @@ def tensors_of(params: Params) -> list[torch.Tensor]:
     return list(params.values())
 
 
+def placed_like(reference: list[torch.Tensor], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors``, each on its ``reference`` tensor's device: a result lives where the global
+    model lives (a client on a GPU beside a server on the CPU, or the reverse). The same
+    objects where the devices already match (no copy)."""
+    return [
+        t if t.device == r.device else t.to(r.device)
+        for r, t in zip(reference, tensors, strict=True)
+    ]
+
+
 def rebuild(template: Params, tensors: list[torch.Tensor]) -> Params:
     """Put ``tensors`` back into ``template``'s form (same keys, same container type)."""
     if isinstance(template, torch.Tensor):

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 import torch
 
 from fl_aggregators._kernels import OutputPool
-from fl_aggregators._tensors import rebuild, structure_mismatch, tensors_of
+from fl_aggregators._tensors import placed_like, rebuild, structure_mismatch, tensors_of
 from fl_aggregators.functional import all_finite_many
 from fl_aggregators.record import record
 from fl_aggregators.update import ClientUpdate, Params
@@ -183,7 +183,9 @@ class Aggregator(ABC):
                 break
             acc_updates = [updates[i] for i in accepted]
             result_tensors, w = self._combine(
-                global_tensors, acc_updates, [tensors_of(u.params) for u in acc_updates]
+                global_tensors,
+                acc_updates,
+                [placed_like(global_tensors, tensors_of(u.params)) for u in acc_updates],
             )
             finite = getattr(result_tensors, "finite", None)  # known if a kernel made them
             if finite is None:
@@ -294,8 +296,8 @@ class Aggregator(ABC):
         new_params = global_params
         if not skipped:
             assert weighted_sum is not None
-            average = [t.to(torch.float64) / mass for t in tensors_of(weighted_sum)]
             g = tensors_of(global_params)
+            average = [t.to(torch.float64) / mass for t in placed_like(g, tensors_of(weighted_sum))]
             out = [o.to(t.dtype) for o, t in zip(self.step(g, average), g, strict=True)]
             if all_finite_many(out):
                 self._commit()

@@ -74,7 +74,7 @@ def weighted_mean(tensors: Sequence[torch.Tensor], weights: torch.Tensor) -> tor
     first = tensors[0]
     acc_dtype = _accumulator_dtype(first.dtype)
     w = [float(x) for x in weights]
-    out = torch.empty(first.shape, dtype=acc_dtype)
+    out = torch.empty(first.shape, dtype=acc_dtype, device=first.device)
     flat_out = out.view(-1)
     # In the accumulator's dtype: an int64 tensor times a Python float is float32 in torch,
     # which put integer buffers' averages within float32 error of a rounding boundary.
@@ -200,7 +200,7 @@ def all_finite(t: torch.Tensor) -> bool:
     flat = t.reshape(-1)
     if flat.dtype not in (torch.float32, torch.float64) or flat.numel() <= BLOCK:
         return bool(torch.isfinite(flat).all())
-    zeros = torch.zeros(BLOCK, dtype=flat.dtype)
+    zeros = torch.zeros(BLOCK, dtype=flat.dtype, device=flat.device)
     n = flat.numel()
     for start in range(0, n, BLOCK):
         stop = min(n, start + BLOCK)
@@ -229,8 +229,12 @@ def _select_middle(values: list[torch.Tensor]) -> torch.Tensor:
     return v[lo] if lo == hi else (v[lo] + v[hi]) * 0.5
 
 
-#: Up to this many clients the min/max network is used; above it a blocked sort.
+#: Up to this many clients the min/max network is used; above it a blocked sort (on a GPU,
+#: always the sort).
 NETWORK_MAX_CLIENTS = 24
+#: Values (clients x coordinates) per block of the many-client median on a GPU: 64 MiB of
+#: float32, so a sort's working set stays small beside the model.
+GPU_MEDIAN_BLOCK = 1 << 24
 
 
 def median(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -242,13 +246,27 @@ def median(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     first = tensors[0]
     k = len(tensors)
     acc_dtype = _accumulator_dtype(first.dtype)
-    out = torch.empty(first.shape, dtype=acc_dtype)
+    out = torch.empty(first.shape, dtype=acc_dtype, device=first.device)
     flat_out = out.view(-1)
     # In the accumulator's dtype: an int64 tensor times a Python float is float32 in torch,
     # which put integer buffers' averages within float32 error of a rounding boundary.
     flats = [t.reshape(-1).to(acc_dtype) for t in tensors]
     n = flat_out.numel()
     lo, hi = (k - 1) // 2, k // 2
+    if not first.is_cpu:
+        # On a GPU: a sort along the client axis per block of GPU_MEDIAN_BLOCK values (numpy's
+        # introselect below needs CPU memory, and the min/max network's small blocks would
+        # be thousands of kernel launches).
+        step = max(1, GPU_MEDIAN_BLOCK // k)
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            stacked = torch.stack([f[start:stop] for f in flats], dim=1)
+            part = torch.sort(stacked, dim=1).values
+            mid = part[:, lo] if lo == hi else (part[:, lo] + part[:, hi]) * 0.5
+            if acc_dtype.is_floating_point:
+                mid[stacked.isnan().any(dim=1)] = float("nan")  # as numpy.median
+            flat_out[start:stop] = mid
+        return _cast_back(out, first.dtype)
     if k <= NETWORK_MAX_CLIENTS:
         for start in range(0, n, MEDIAN_BLOCK):
             stop = min(n, start + MEDIAN_BLOCK)

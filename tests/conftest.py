@@ -26,6 +26,10 @@ from hypothesis import is_hypothesis_test, settings
 collect_ignore = [] if importlib.util.find_spec("flwr") is not None else ["flower"]
 if importlib.util.find_spec("selenium") is None:
     collect_ignore.append("docs_site")
+# tests/cuda needs a CUDA device and runs only by `make test-cuda`: on every other machine
+# (and in `make test` on one with a GPU) it is not collected, so the suite is the same everywhere.
+if os.environ.get("FEDBALANCE_CUDA_TESTS") != "1":
+    collect_ignore.append("cuda")
 
 settings.register_profile("test", derandomize=True, database=None, print_blob=True)
 settings.register_profile("fuzz", derandomize=False, print_blob=True)

@@ -3,9 +3,10 @@
 Built from FedLab's own pieces as its examples are — ``PathologicalMNIST`` (which pickles each
 client's data and needs ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` on torch >= 2.6), ``MLP``,
 ``SyncServerHandler``, ``SGDSerialClientTrainer`` and ``StandalonePipeline`` with an
-evaluating ``evaluate``. Differences from FedLab's examples: ``cuda=False`` (they hard-code
-``cuda=True``; these machines have no GPU), ``download=False`` (offline: the tests put MNIST-format
-idx files under ``--root``), and a final checksum line for the tests.
+evaluating ``evaluate``. Differences from FedLab's examples: ``cuda=False`` unless ``--cuda``
+(they hard-code ``cuda=True``; the test machines have no GPU, `make test-cuda` passes it),
+``download=False`` (offline: the tests put MNIST-format idx files under ``--root``), and a final
+checksum line for the tests.
 """
 
 import argparse
@@ -44,12 +45,13 @@ def main():
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--preprocess", action="store_true", help="partition into --path first")
+    parser.add_argument("--cuda", action="store_true", help="server and trainer on the GPU")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     model = MLP(784, 10)
-    handler = SyncServerHandler(model, args.com_round, args.sample_ratio)
-    trainer = SGDSerialClientTrainer(model, args.total_clients, cuda=False)
+    handler = SyncServerHandler(model, args.com_round, args.sample_ratio, cuda=args.cuda)
+    trainer = SGDSerialClientTrainer(model, args.total_clients, cuda=args.cuda)
     dataset = PathologicalMNIST(
         root=args.root, path=args.path, num_clients=args.total_clients, download=False
     )
