@@ -172,10 +172,11 @@ class RunConfig:
                 "eval_fraction samples clients: it is for eval_data: clients or val, not test "
                 "(the dataset's test set is one evaluation)"
             )
-        if self.eval_fraction < 1.0 and self.framework.startswith("fedml"):
+        if self.eval_fraction < 1.0 and self.framework in ("fedml-mpi", "fedml-cross-silo"):
             raise ConfigError(
-                f"eval_fraction must be 1 for {self.framework}: FedML tests every client itself "
-                f"(its frequency_of_the_test is eval_every); got {self.eval_fraction!r}"
+                f"eval_fraction must be 1 for {self.framework}: FedML's server tests the global "
+                f"test set there (one evaluation, not the clients' splits); got "
+                f"{self.eval_fraction!r}"
             )
         _int("port", self.port, 1024, 65535)
         if self.max_samples is not None:

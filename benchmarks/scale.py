@@ -5,8 +5,8 @@ Each host runs ``fedbalance run`` in a process of its own (FedLab standalone and
 this environment, Flower's simulation engine in Flower's): Fashion-MNIST split iid over
 10^2, 10^3 and 10^4 clients with the same 6 training samples on every client at every size
 (``max_samples`` = 6 x clients), a fixed number of clients a round, one local epoch, FedLoss,
-evaluation every second round on as many clients as train (``eval_fraction`` = per round /
-clients; FedML tests every client itself, in its own rounds 1, 3, ... and the last). The
+evaluation every second round and the last on as many clients as train (``eval_fraction`` =
+per round / clients; the same rounds and clients on every host). The
 times come from the aggregation record every host writes (``aggregations.jsonl``: seconds
 since the server's aggregator was made, at each aggregation). The time between two
 aggregations holds the round's training and aggregation, and the evaluation of the round
@@ -82,7 +82,7 @@ def run_config(host: str, clients: int, rounds: int, per_round: int, seed: int) 
         "eval_every": 2,
         # The same data on every client at every size: the whole dataset at the largest.
         "max_samples": SAMPLES_PER_CLIENT * clients,
-        "eval_fraction": 1.0 if host.startswith("fedml") else min(1.0, per_round / clients),
+        "eval_fraction": min(1.0, per_round / clients),
     }
 
 

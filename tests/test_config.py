@@ -57,8 +57,8 @@ def test_flower_evaluates_on_the_clients() -> None:
             "eval_fraction samples clients: it is for eval_data: clients or val",
         ),
         (
-            {"eval_fraction": 0.5, "framework": "fedml-sp"},
-            "eval_fraction must be 1 for fedml-sp: FedML tests every client itself",
+            {"eval_fraction": 0.5, "framework": "fedml-mpi"},
+            "eval_fraction must be 1 for fedml-mpi: FedML's server tests the global test set",
         ),
     ],
     ids=["zero", "above-one", "nan", "string", "test-set", "fedml"],

@@ -10,6 +10,7 @@ gRPC stops the run within 60 s naming what died and the checkpoint, and ``resume
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -144,26 +145,49 @@ def test_a_fedlab_run_refuses_a_fedml_checkpoint(tmp_path: Path) -> None:
         restore(SimpleNamespace(model=torch.nn.Linear(1, 1)), ckpt)  # type: ignore[arg-type]
 
 
+def test_eval_keys_take_effect_in_fedml_or_stop_the_run() -> None:
+    """``eval_every`` / ``eval_fraction`` in FedML's YAML mean what they mean on every host; a
+    setting that could not take effect stops ``fedml.init`` (checked here without FedML)."""
+    from fl_adapters.fedml.adapter import Evaluation, check_evaluation, evaluation
+    from fl_partitions.params import ParameterError
+
+    assert evaluation(fedml_args(frequency_of_the_test=3)) is None  # FedML's own rule
+    assert evaluation(fedml_args(eval_every=2, eval_fraction=0.5)) == Evaluation(2, 0.5)
+    assert evaluation(fedml_args(eval_fraction=0.5)) == Evaluation(1, 0.5)
+    check_evaluation(
+        fedml_args(eval_every=2, eval_fraction=0.5, frequency_of_the_test=1), "fedml-sp"
+    )
+    for args, host, message in [
+        (fedml_args(eval_every=2, frequency_of_the_test=5), "fedml-sp", "eval_every replaces"),
+        (fedml_args(eval_fraction=0.5), "fedml-mpi", "eval_fraction must be 1 in FedML fedml-mpi"),
+        (fedml_args(eval_fraction=0), "fedml-sp", "eval_fraction must be a finite float in (0, 1]"),
+        (fedml_args(eval_every=0), "fedml-sp", "eval_every must be an int >= 1, got 0"),
+    ]:
+        with pytest.raises(ParameterError) as err:
+            check_evaluation(args, host)
+        assert message in str(err.value)
+
+
 def test_fedml_rows_take_test_accuracy_from_the_rounds_fedml_tests(tmp_path: Path) -> None:
     from fl_adapters.fedml.runner import collect, tested_rounds
     from fl_adapters.rundir import RunFiles
 
-    assert tested_rounds(1, 10, 4) == [1, 5, 9, 10]
-    assert tested_rounds(4, 10, 4) == [5, 9, 10]  # resumed after round 3
+    assert tested_rounds(1, 10, 4) == [4, 8, 10]  # eval_every's rounds, as on every host
+    assert tested_rounds(5, 10, 4) == [8, 10]  # resumed after round 4
     assert tested_rounds(1, 3, 1) == [1, 2, 3]
     config = RunConfig(framework="fedml-sp", rounds=6, eval_every=4)
     rec = {"clients": [0], "weights": [1.0], "skipped": False, "rejected": []}
     (tmp_path / "aggregations.jsonl").write_text(
         "".join(json.dumps(rec | {"round": r}) + "\n" for r in range(1, 7))
     )
-    # A resumed run: rounds 1-2 kept from before; this log's tests are rounds 5 and 6.
+    # A resumed run: rounds 1-2 kept from before; this log's tests are rounds 4 and 6.
     kept = [{"round": 1, "test_accuracy": 0.1}, {"round": 2}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     (tmp_path / "fedml.log").write_text("{'test_acc': 0.5, 'x': 1}\n{'test_acc': 0.6, 'x': 1}\n")
     collect(config, RunFiles(tmp_path))
     rows = records(tmp_path / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
-    assert [r.get("test_accuracy") for r in rows] == [0.1, None, None, None, 0.5, 0.6]
+    assert [r.get("test_accuracy") for r in rows] == [0.1, None, None, 0.5, None, 0.6]
 
 
 # -- real FedML runs -----------------------------------------------------------------------------
@@ -215,6 +239,37 @@ def test_sp_resume_ends_on_the_uninterrupted_model(tmp_path: Path, aggregator: s
     assert [r["test_accuracy"] for r in rows_got] == [r["test_accuracy"] for r in rows_want]
     assert (part / "fedml.log.1").exists()  # the stopped run's log is kept
     assert "Communication round : 0" in (part / "fedml.log").read_text()  # FedML's own loop
+
+
+def test_sp_evaluates_the_rounds_and_clients_eval_every_and_eval_fraction_pick(
+    tmp_path: Path,
+) -> None:
+    """``eval_every: 2, eval_fraction: 0.5`` in FedML sp: rounds 2 and 3 (the last) are tested,
+    each on the 3 of 6 clients :func:`evaluated_clients` draws, as on FedLab and Flower."""
+    from fl_adapters.fedml.runner import run_fedml
+
+    out = tmp_path / "out"
+    run_fedml(run_config(tmp_path, "sampled", eval_every=2, eval_fraction=0.5), out)
+    rows = records(out / "metrics.jsonl")
+    assert [("test_accuracy" in r) for r in rows] == [False, True, True]
+    log = (out / "fedml.log").read_text()
+    assert "local_test_on_all_clients : 1 (3 clients)" in log
+    assert "local_test_on_all_clients : 2 (3 clients)" in log
+    assert "local_test_on_all_clients : 0" not in log
+
+
+@pytest.mark.slow
+def test_mpi_simulation_tests_the_rounds_eval_every_picks(tmp_path: Path) -> None:
+    """``eval_every: 2`` in FedML's MPI simulation: the server tests rounds 2 and 3 (the last),
+    not FedML's own round 1 (index 0)."""
+    from fl_adapters.fedml.runner import run_fedml
+
+    out = tmp_path / "out"
+    run_fedml(run_config(tmp_path, "mpi", framework="fedml-mpi", eval_every=2), out)
+    rows = records(out / "metrics.jsonl")
+    assert [("test_accuracy" in r) for r in rows] == [False, True, True]
+    tested = re.findall(r"test_on_server_for_all_clients : (\d+)", (out / "fedml.log").read_text())
+    assert tested == ["1", "2"]
 
 
 def check_killed_and_resumed(got: dict[str, Any], out: Path, rounds: int) -> None:

@@ -15,7 +15,7 @@ from fedbalance_benchmarks import scale
 def test_evaluated_rounds_and_sizes_are_the_runs() -> None:
     config = scale.run_config("flower", 1000, 4, 10, seed=0)
     assert (config["eval_every"], config["eval_fraction"]) == (2, 0.01)
-    assert scale.run_config("fedml-sp", 1000, 4, 10, seed=0)["eval_fraction"] == 1.0
+    assert scale.run_config("fedml-sp", 1000, 4, 10, seed=0)["eval_fraction"] == 0.01
 
 
 @pytest.mark.slow

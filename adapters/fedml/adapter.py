@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Subset
 from fl_adapters._training import evaluate, stream_seed
 from fl_adapters.fedml.payload import attach, decode, strip
 from fl_aggregators import Aggregator
-from fl_partitions.params import ParameterError
+from fl_partitions.params import ParameterError, check_float, check_positive_int, shown
 
 if TYPE_CHECKING:
     from fl_adapters.astraea import RebalancedCache
@@ -284,6 +284,7 @@ def validate(args: Any) -> None:
             f"fedbalance aggregators run in FedML modes {sorted(HOSTS)}; got training_type/backend {mode}"
         )
     check_optimizer(args, HOSTS[mode], chosen[0], agg)
+    check_evaluation(args, HOSTS[mode])
     check_world_size(args, mode)
     if mode[1] == "GRPC":
         from fl_adapters.fedml.ipconfig import check_grpc
@@ -297,6 +298,50 @@ def validate(args: Any) -> None:
                 "process trains once a round, as FedML's client counts rounds), got "
                 f"{agg.mediator_epochs}"
             )
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Which rounds and clients a run evaluates, with the meaning these keys have on every
+    host (``fl_adapters._training.evaluates`` and ``evaluated_clients``): rounds ``every``,
+    ``2 every``, ... and the last; a ``fraction`` of the clients, drawn per round from the seed.
+    """
+
+    every: int
+    fraction: float
+
+
+def evaluation(args: Any) -> Evaluation | None:
+    """``validation_args: {eval_every, eval_fraction}`` (fedbalance's keys, which ``fedbalance
+    run`` writes), or ``None`` when neither is set and FedML's ``frequency_of_the_test`` rules.
+    """
+    every, fraction = getattr(args, "eval_every", None), getattr(args, "eval_fraction", None)
+    if every is None and fraction is None:
+        return None
+    fraction = 1.0 if fraction is None else check_float("eval_fraction", fraction, 0.0, 1.0)
+    if fraction == 0:
+        raise ParameterError("eval_fraction must be a finite float in (0, 1], got 0")
+    every = 1 if every is None else check_positive_int("eval_every", every)
+    return Evaluation(every, fraction)
+
+
+def check_evaluation(args: Any, host: str) -> None:
+    """``eval_every`` / ``eval_fraction`` before any training: each takes effect, or the run
+    stops saying why."""
+    chosen = evaluation(args)
+    if chosen is None:
+        return
+    freq = getattr(args, "frequency_of_the_test", 1)
+    if freq != 1:
+        raise ParameterError(
+            f"eval_every replaces FedML's frequency_of_the_test (which tests rounds 1, 1 + f, "
+            f"..., not f, 2f, ...): set frequency_of_the_test: 1 beside it, got {shown(freq)}"
+        )
+    if chosen.fraction < 1 and host != "fedml-sp":
+        raise ParameterError(
+            f"eval_fraction must be 1 in FedML {host}: its server tests the global test set "
+            f"(one evaluation, not the clients' splits); got {chosen.fraction!r}"
+        )
 
 
 def check_resume(args: Any) -> None:

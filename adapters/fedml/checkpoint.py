@@ -59,7 +59,7 @@ SAME = (
     "val_fraction",
 )
 #: May change on resume (a longer run continues a shorter one).
-MAY_CHANGE = ("comm_round", "frequency_of_the_test")
+MAY_CHANGE = ("comm_round", "frequency_of_the_test", "eval_every", "eval_fraction")
 
 
 def _path(args: Any, field: str) -> Path | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from fl_adapters._training import evaluates
 from fl_adapters.checkpoint import Checkpoint, resume_hint
 from fl_adapters.config import RunConfig, RunFailed
 from fl_adapters.experiment import run_summary
@@ -91,7 +92,13 @@ def fedml_config(
             "learning_rate": config.lr,
             "weight_decay": 0.0,
         },
-        "validation_args": {"frequency_of_the_test": config.eval_every},
+        # fedbalance's keys, with the meaning they have on every host (FedML's own
+        # frequency_of_the_test tests rounds 1, 1 + f, ...; adapter.evaluation).
+        "validation_args": {
+            "frequency_of_the_test": 1,
+            "eval_every": config.eval_every,
+            "eval_fraction": config.eval_fraction,
+        },
         "device_args": device,
         "comm_args": {"backend": backend}
         | ({"is_mobile": 0} if backend == "MPI" else {})
@@ -253,9 +260,9 @@ def run_grpc(
 
 
 def tested_rounds(first: int, rounds: int, every: int) -> list[int]:
-    """The rounds (from 1) FedML tests in a run that starts at round ``first``: every mode
-    tests round index ``i`` when ``i % frequency_of_the_test == 0`` and the last one."""
-    return [r for r in range(first, rounds + 1) if (r - 1) % every == 0 or r == rounds]
+    """The rounds (from 1) a FedML run that starts at round ``first`` tests: ``eval_every``'s,
+    as on every host."""
+    return [r for r in range(first, rounds + 1) if evaluates(r, every, rounds)]
 
 
 def collect_rows(config: RunConfig, files: RunFiles) -> list[dict[str, Any]]:

@@ -125,6 +125,12 @@ TRAINER = (f"{SILO}.client.fedml_trainer", "FedMLTrainer")
 TARGETS = (
     (*TRAINER, "train", shared.train),
     (f"{SILO}.server.fedml_aggregator", "FedMLAggregator", "aggregate", aggregate_round),
+    (
+        f"{SILO}.server.fedml_aggregator",
+        "FedMLAggregator",
+        "test_on_server_for_all_clients",
+        shared.test_round,
+    ),
     # Resume: the silos learn the server's round.
     (*SERVER, "send_message_init_config", shared.tag_init),
     (*CLIENT, "handle_message_init", client_init),

@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
+from fl_adapters._training import evaluates
 from fl_adapters.astraea import RebalancedCache
 from fl_adapters.checkpoint import check_plan
 from fl_adapters.fedml import checkpoint
-from fl_adapters.fedml.adapter import clean_params, current, train_with_validation
+from fl_adapters.fedml.adapter import clean_params, current, evaluation, train_with_validation
 from fl_adapters.fedml.astraea import SiloAstraea, seeded_training, silo_data, take_rad, with_rad
 from fl_adapters.fedml.payload import KEY_ROUND
 
@@ -48,6 +49,18 @@ def train(self: Any, original: Any, round_idx: Any = None) -> Any:
             self.trainer, None, data, int(self.client_index), self.device, self.args
         )
     return params, n
+
+
+def test_round(self: Any, original: Any, round_idx: Any, *a: Any, **kw: Any) -> Any:
+    """The server's test, in the rounds ``eval_every`` picks (see
+    :func:`~fl_adapters.fedml.adapter.evaluation`; FedML's ``frequency_of_the_test`` is then
+    1, checked before training)."""
+    chosen = evaluation(self.args)
+    if chosen is not None and not evaluates(
+        int(round_idx) + 1, chosen.every, int(self.args.comm_round)
+    ):
+        return None
+    return original(self, round_idx, *a, **kw)
 
 
 def update_model(self: Any, original: Any, weights: Any) -> Any:

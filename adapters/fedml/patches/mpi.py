@@ -123,6 +123,7 @@ AGGREGATOR = (f"{MPI}.FedAVGAggregator", "FedAVGAggregator")
 TARGETS = (
     (*TRAINER, "train", shared.train),
     (*AGGREGATOR, "aggregate", aggregate_round),
+    (*AGGREGATOR, "test_on_server_for_all_clients", shared.test_round),
     # Resume: the clients learn the server's round.
     (*SERVER, "send_message_init_config", shared.tag_init),
     (*CLIENT, "handle_message_init", client_init),

@@ -14,9 +14,16 @@ import copy
 import logging
 from typing import Any
 
+from fl_adapters._training import evaluated_clients, evaluates
 from fl_adapters.checkpoint import check_plan
 from fl_adapters.fedml import checkpoint
-from fl_adapters.fedml.adapter import aggregate, clean_params, current, train_with_validation
+from fl_adapters.fedml.adapter import (
+    aggregate,
+    clean_params,
+    current,
+    evaluation,
+    train_with_validation,
+)
 from fl_adapters.fedml.astraea import SpAstraea
 
 log = logging.getLogger(__name__)
@@ -104,6 +111,54 @@ def local_test(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
     return original(self, *a, **kw)
 
 
+def test_on_all_clients(self: Any, original: Any, round_idx: Any) -> Any:
+    """FedML's test of every client, or with ``eval_every`` / ``eval_fraction`` (see
+    :func:`~fl_adapters.fedml.adapter.evaluation`) the rounds and clients they pick."""
+    run = current()
+    if run.skipping:  # the checkpointed run tested this round
+        return None
+    chosen = evaluation(self.args)
+    if chosen is None:
+        return original(self, round_idx)
+    rnd = int(round_idx) + 1
+    if not evaluates(rnd, chosen.every, int(self.args.comm_round)):
+        return None
+    if chosen.fraction >= 1:
+        return original(self, round_idx)
+    total = int(self.args.client_num_in_total)
+    return test_clients(self, round_idx, evaluated_clients(total, chosen.fraction, run.seed, rnd))
+
+
+def test_clients(self: Any, round_idx: Any, clients: list[int]) -> None:
+    """FedML's ``_local_test_on_all_clients`` over ``clients`` only: the same metrics (each
+    client's train and test split, summed) in the same log lines, which ``fedbalance run``
+    reads. The lines go to the root logger, as FedML's own: FedML's log shows no other.
+    """
+    logging.info(
+        "################local_test_on_all_clients : %s (%d clients)", round_idx, len(clients)
+    )
+    client = self.client_list[0]
+    sums = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # correct, loss, samples
+    for c in clients:
+        if self.test_data_local_dict[c] is None:
+            continue
+        client.update_local_dataset(
+            0,
+            self.train_data_local_dict[c],
+            self.test_data_local_dict[c],
+            self.train_data_local_num_dict[c],
+        )
+        for on_test in (False, True):
+            m = client.local_test(on_test)
+            sums[on_test][0] += m["test_correct"]
+            sums[on_test][1] += m["test_loss"]
+            sums[on_test][2] += m["test_total"]
+    for on_test, name in ((False, "training"), (True, "test")):
+        correct, loss, n = sums[on_test]
+        if n:
+            logging.info({f"{name}_acc": correct / n, f"{name}_loss": loss / n})
+
+
 def aggregate_round(self: Any, original: Any, w_locals: list[tuple[Any, Any]]) -> Any:
     run = current()
     if run.skipping:  # the model stays the checkpoint's
@@ -121,6 +176,6 @@ TARGETS = (
     (*API, "_client_sampling", client_sampling),
     (*API, "_aggregate", aggregate_round),
     (*API, "train", train),  # checkpoints and resume
-    (*API, "_local_test_on_all_clients", local_test),
+    (*API, "_local_test_on_all_clients", test_on_all_clients),
     (*API, "_local_test_on_validation_set", local_test),
 )
