@@ -247,7 +247,7 @@ class FedBalanceStrategy(FedAvg):
         # In batches, each with its own timeout: asking 10^4 nodes at once ran past the timeout
         # and the rest were asked again the next round. The asking itself stays quadratic in
         # Flower's simulation engine (each polling pass checks every stored message for every
-        # node): ~8 minutes for 10^4 nodes here, once (benchmarks/results/scale.md).
+        # node): 3 to 8 minutes for 10^4 nodes here, once (benchmarks/results/scale.md).
         for start in range(0, len(asked), IDENTIFY_BATCH):
             batch = asked[start : start + IDENTIFY_BATCH]
             replies += grid.send_and_receive(
