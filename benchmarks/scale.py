@@ -19,12 +19,16 @@ follow an evaluated one, and **outside rounds** is the run's wall time outside t
 the largest resident set of the run's processes. A host whose steady round does not grow
 with the clients that sit out has flat per-round cost.
 
+The side-by-side part runs the bundled Flower app at 10^3 SuperNodes twice, with fedbalance's
+strategy and with Flower's own ``FedAvg`` doing the same work (:func:`side_by_side`).
+
 The planning part times :func:`fl_aggregators.astraea_plan.assign_mediators` (the compiled
 screen) against the plain numpy greedy it replaced, on the same Dirichlet counts, in one
 process, and checks the two assignments are equal.
 
     python -m fedbalance_benchmarks.scale [--sizes 100 1000 10000] [--hosts fedlab fedml-sp flower]
         [--rounds 4] [--per-round 10] [--plan-sizes 1000 10000] [--plan-classes 47]
+        [--side-by-side 1000] [--side-by-side-rounds 10]
     fedbalance bench scale
 """
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -53,6 +58,8 @@ ROUNDS, PER_ROUND = 4, 10
 SAMPLES_PER_CLIENT = 6
 PLAN_SIZES = (1000, 10_000)
 PLAN_CLASSES = 47
+#: Flower side by side: fedbalance's app and the same app with Flower's own FedAvg.
+SIDE_NODES, SIDE_ROUNDS = 1000, 10
 
 #: Runs ``fedbalance run CONFIG --out OUT`` and prints the largest resident set (KiB) of this
 #: process and of the processes it waited for.
@@ -153,6 +160,46 @@ def measure(host: str, config: dict[str, Any], work: Path, timeout: float) -> di
     }
 
 
+def side_by_side(nodes: int, rounds: int, per_round: int, timeout: float) -> dict[str, Any]:
+    """The bundled Flower app in Flower's simulation engine at ``nodes`` SuperNodes, once with
+    fedbalance's strategy (``fedavg``) and once with Flower's own ``FedAvg`` doing the same
+    work: ``per_round`` nodes trained and as many evaluated every round, the same data, model
+    and client code. Seconds from Flower's "Strategy execution finished" line; fedbalance's
+    one-off identification of the nodes from its own log line."""
+    import re
+
+    config = (
+        f"num-server-rounds={rounds} num-partitions={nodes} clients-per-round={per_round} "
+        f"dataset='fmnist' partition='{{\"name\": \"iid\"}}' "
+        f"max-samples={SAMPLES_PER_CLIENT * nodes} local-epochs=1 eval-every=1 "
+        f"eval-fraction={min(1.0, per_round / nodes)} aggregator='fedavg' seed=0"
+    )
+    out: dict[str, Any] = {"nodes": nodes, "rounds": rounds, "per_round": per_round}
+    env = {k: v for k, v in os.environ.items() if k != "FEDBALANCE_RECORD"}
+    env["OMP_NUM_THREADS"] = "1"
+    for strategy in ("fedbalance", "flower-fedavg"):
+        argv = [str(flower_python()), "-m", "fedbalance_benchmarks.flower_app.simulate"]
+        argv += ["--num-supernodes", str(nodes), "--run-config", f"{config} strategy='{strategy}'"]
+        started = time.perf_counter()
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return out | {"error": f"{strategy}: stopped at the {timeout:.0f} s limit"}
+        log = done.stdout + done.stderr
+        found = re.search(r"Strategy execution finished in ([0-9.]+)s", log)
+        if done.returncode != 0 or found is None:
+            tail = " | ".join(log.strip().splitlines()[-3:])
+            return out | {"error": f"{strategy}: {tail}"}
+        out[strategy] = {
+            "strategy_s": float(found.group(1)),
+            "wall_s": round(time.perf_counter() - started, 3),
+        }
+        asked = re.search(r"asked (\d+) nodes their client id in ([0-9.]+) s", log)
+        if asked is not None:
+            out[strategy]["identify_s"] = float(asked.group(2))
+    return out
+
+
 def plan_counts(clients: int, classes: int, seed: int) -> np.ndarray:
     """Label-skewed class counts (Dirichlet 0.5) of ``clients`` clients of 20..600 samples."""
     rng = np.random.default_rng(seed)
@@ -198,9 +245,8 @@ def report(record: dict[str, Any], out_dir: Path) -> str:
         f"Fashion-MNIST iid, {SAMPLES_PER_CLIENT} training samples on every client, "
         f"{record['per_round']} clients a round, {record['rounds']} rounds, "
         "1 local epoch, FedLoss, seed 0; evaluation every second round and the last, on as many "
-        "clients as train (FedML: every client, in rounds 1, 3, ... and the last). Seconds are "
-        "wall time on a shared 2-core machine (how each column is measured: the module's "
-        "docstring).",
+        "clients as train (the same rounds and clients on every host). Seconds are wall time on "
+        "a shared 2-core machine (how each column is measured: the module's docstring).",
         "",
         "| host | clients | steady round s | first round s | evaluation s | outside rounds s | "
         "peak MB | final acc. |",
@@ -233,6 +279,9 @@ def report(record: dict[str, Any], out_dir: Path) -> str:
             )
     if growth:
         lines += ["", "How each grows from the fewest to the most clients:", "", *growth]
+    side = record.get("flower_side_by_side")
+    if side:
+        lines += ["", *side_report(side)]
     if record["plan"]:
         lines += [
             "",
@@ -259,6 +308,46 @@ def report(record: dict[str, Any], out_dir: Path) -> str:
     return text
 
 
+def side_report(side: dict[str, Any]) -> list[str]:
+    """The side-by-side section: each strategy's time and fedbalance's against Flower's."""
+    lines = [
+        f"## Flower at {side['nodes']:,} SuperNodes, side by side",
+        "",
+        f"The bundled Flower app in Flower's simulation engine, {side['rounds']} rounds, "
+        f"{side['per_round']} nodes trained and {side['per_round']} evaluated a round, the same "
+        "data, model and ClientApp; fedbalance's strategy (`fedavg`, seeded sampling) against "
+        "Flower's own `FedAvg` (`strategy = \"flower-fedavg\"`, Flower's sampler). Seconds are "
+        "Flower's \"Strategy execution finished\" time; fedbalance's includes asking every "
+        "node its client id once, which seeded sampling needs.",
+        "",
+    ]
+    if "error" in side:
+        return [*lines, f"failed: {side['error']}"]
+    ours, stock = side["fedbalance"], side["flower-fedavg"]
+    once = ours.get("identify_s", 0.0)
+    rest = ours["strategy_s"] - once
+    lines += [
+        "| strategy | strategy s | asking the nodes once s | the rounds s | per round s | "
+        "process wall s |",
+        "|---|---|---|---|---|---|",
+        f"| fedbalance | {ours['strategy_s']:.2f} | {once:.2f} | {rest:.2f} | "
+        f"{rest / side['rounds']:.3f} | {ours['wall_s']:.1f} |",
+        f"| Flower FedAvg | {stock['strategy_s']:.2f} | - | {stock['strategy_s']:.2f} | "
+        f"{stock['strategy_s'] / side['rounds']:.3f} | {stock['wall_s']:.1f} |",
+        "",
+        f"fedbalance / Flower: {ours['strategy_s'] / stock['strategy_s']:.2f}x over the whole "
+        f"run, {rest / stock['strategy_s']:.2f}x over the rounds without the one-off asking.",
+    ]
+    # Rounds R from which (once + R ours) <= 1.2 R stock, at these per-round times.
+    ours_round, stock_round = rest / side["rounds"], stock["strategy_s"] / side["rounds"]
+    if 1.2 * stock_round > ours_round:
+        lines[-1] += (
+            f" At these per-round times a run of {math.ceil(once / (1.2 * stock_round - ours_round))}"
+            " rounds or more takes at most 1.2x Flower's."
+        )
+    return lines
+
+
 def command(record: dict[str, Any]) -> str:
     """The command that measures what ``record`` holds (its defaults left out)."""
     parts = [COMMAND]
@@ -277,6 +366,14 @@ def command(record: dict[str, Any]) -> str:
         parts.append("--plan-sizes " + " ".join(map(str, plan)))
     if record["plan"] and record["plan"][0]["classes"] != PLAN_CLASSES:
         parts.append(f"--plan-classes {record['plan'][0]['classes']}")
+    side = record.get("flower_side_by_side")
+    if not side:
+        parts.append("--side-by-side 0")
+    else:
+        if side["nodes"] != SIDE_NODES:
+            parts.append(f"--side-by-side {side['nodes']}")
+        if side["rounds"] != SIDE_ROUNDS:
+            parts.append(f"--side-by-side-rounds {side['rounds']}")
     return " ".join(parts)
 
 
@@ -289,6 +386,8 @@ def run(
     plan_classes: int,
     out_dir: Path,
     timeout: float,
+    side_nodes: int = 0,
+    side_rounds: int = SIDE_ROUNDS,
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
@@ -303,6 +402,8 @@ def run(
         for host, n in tqdm(cells, desc="scale runs", unit="run"):
             config = run_config(host, n, rounds, per_round, seed=0)
             record["hosts"].append(measure(host, config, Path(tmp) / f"{host}-{n}", timeout))
+    if side_nodes:
+        record["flower_side_by_side"] = side_by_side(side_nodes, side_rounds, per_round, timeout)
     for n in tqdm(plan_sizes, desc="planning", unit="size"):
         record["plan"].append(measure_plan(n, plan_classes))
     print(report(record, out_dir))
@@ -320,6 +421,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-run", action="store_true", help="rewrite the report from OUT/scale.json alone"
     )
+    ap.add_argument(
+        "--side-by-side",
+        type=int,
+        default=SIDE_NODES,
+        metavar="NODES",
+        help="Flower: fedbalance's app against Flower's FedAvg at this many SuperNodes (0: skip)",
+    )
+    ap.add_argument("--side-by-side-rounds", type=int, default=SIDE_ROUNDS)
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
@@ -328,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.rounds < 4 or a.per_round < 1 or min(a.sizes) < a.per_round:
         ap.error("--rounds must be >= 4 and every size >= --per-round >= 1")
+    if a.side_by_side and (a.side_by_side < a.per_round or a.side_by_side_rounds < 1):
+        ap.error("--side-by-side must be 0 or >= --per-round, and --side-by-side-rounds >= 1")
     run(
         a.sizes,
         a.hosts,
@@ -337,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         a.plan_classes,
         a.out,
         a.timeout,
+        a.side_by_side,
+        a.side_by_side_rounds,
     )
     return 0
 

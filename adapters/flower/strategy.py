@@ -38,6 +38,7 @@ import json
 import logging
 import random
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,7 @@ class FedBalanceStrategy(FedAvg):
         record = RecordDict({self.configrecord_key: ConfigRecord({QUERY_KEY: IDENTIFY})})
         asked = [n for n in nodes if n not in self.client_ids and n not in self.unidentified]
         replies: list[Message] = []
+        started = time.perf_counter()
         # In batches, each with its own timeout: asking 10^4 nodes at once ran past the timeout
         # and the rest were asked again the next round. The asking itself stays quadratic in
         # Flower's simulation engine (each polling pass checks every stored message for every
@@ -270,6 +272,11 @@ class FedBalanceStrategy(FedAvg):
                     node,
                     msg.error.reason if msg.has_error() else "no client-id",
                 )
+        log.info(
+            "asked %d nodes their client id in %.2f s (once; seeded sampling needs it)",
+            len(asked),
+            time.perf_counter() - started,
+        )
 
     def _configure(
         self,

@@ -17,6 +17,7 @@ from fedbalance_benchmarks.flower_app.task import CLIENT_KEYS, model_of, run_con
 from fl_adapters.flower.payload import to_array_record, to_state_dict
 from fl_adapters.flower.privacy import wrap_from_run_config
 from fl_adapters.flower.strategy import strategy_from_run_config
+from fl_partitions.params import ParameterError, shown
 
 log = logging.getLogger(__name__)
 app = ServerApp()
@@ -32,13 +33,21 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> Result:
     torch.set_num_threads(1)
     cfg = run_config_of(run_config)  # validate the app's keys before any node gets work
     nodes, per_round = cfg.num_clients, cfg.clients_per_round
-    strategy = strategy_from_run_config(
-        run_config,
-        fraction_train=per_round / nodes,
-        min_train_nodes=per_round,  # the seeded sampler takes max(fraction * nodes, this)
-        min_available_nodes=nodes,
-        min_evaluate_nodes=nodes,
-    )
+    chosen = str(run_config.get("strategy", "fedbalance"))
+    if chosen == "flower-fedavg":
+        strategy: Any = stock_fedavg(run_config, nodes, per_round)
+    elif chosen == "fedbalance":
+        strategy = strategy_from_run_config(
+            run_config,
+            fraction_train=per_round / nodes,
+            min_train_nodes=per_round,  # the seeded sampler takes max(fraction * nodes, this)
+            min_available_nodes=nodes,
+            min_evaluate_nodes=nodes,
+        )
+    else:
+        raise ParameterError(
+            f"strategy must be 'fedbalance' or 'flower-fedavg', got {shown(chosen)}"
+        )
     torch.manual_seed(int(run_config["seed"]))  # the initial model, as the other hosts seed it
     model = model_of(run_config)
     client_config = {k: run_config[k] for k in CLIENT_KEYS}
@@ -55,6 +64,24 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> Result:
     if out:
         write_outcome(Path(out), result)
     return result
+
+
+def stock_fedavg(run_config: Mapping[str, Any], nodes: int, per_round: int) -> Any:
+    """Flower's own ``FedAvg`` doing the fedbalance strategy's work (a reference for the
+    benchmarks): the same number of nodes trained and evaluated a round, drawn by Flower's
+    sampler (the global ``random``, not seeded by client), evaluation every round."""
+    from flwr.serverapp.strategy import FedAvg
+
+    if int(run_config.get("eval-every", 1)) != 1:
+        raise ParameterError("strategy 'flower-fedavg' evaluates every round: set eval-every = 1")
+    fraction = float(run_config.get("eval-fraction", 1.0))
+    return FedAvg(
+        fraction_train=per_round / nodes,
+        min_train_nodes=per_round,
+        fraction_evaluate=fraction,
+        min_evaluate_nodes=min(nodes, max(1, round(fraction * nodes))),
+        min_available_nodes=nodes,
+    )
 
 
 def write_outcome(out: Path, result: Result) -> None:

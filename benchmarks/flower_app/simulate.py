@@ -14,6 +14,7 @@ command; this keeps the whole run in one process tree.
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +33,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli.add_argument("--num-supernodes", type=int, default=2)
     cli.add_argument("--run-config", action="append", default=[], help="key=value ... (TOML)")
     args = cli.parse_args(argv)
+    # fedbalance's INFO lines (what it does once, e.g. asking the nodes their ids) on stderr
+    # beside Flower's own.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("fedbalance %(levelname)s: %(message)s"))
+    ours = logging.getLogger("fl_adapters")
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
     run_config = get_fused_config_from_dir(APP_DIR, parse_config_args(args.run_config))
     if int(run_config["num-partitions"]) != args.num_supernodes:
         cli.error(

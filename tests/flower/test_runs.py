@@ -132,3 +132,18 @@ def test_deployment_leaves_no_flower_process(deployment: dict[str, Any]) -> None
         if any(f"127.0.0.1:{p}" in cmd or f"--port {p}" in cmd for p in ports):
             alive.append(cmd)
     assert alive == []
+
+
+def test_the_app_refuses_a_strategy_it_does_not_have() -> None:
+    """The app's ``strategy`` key: fedbalance's or Flower's FedAvg (the benchmarks' stock
+    reference), nothing else, before any node gets work; the reference evaluates every round."""
+    from flwr.common.config import get_fused_config_from_dir
+
+    from fedbalance_benchmarks.flower_app import server_app
+    from fl_partitions.params import ParameterError
+
+    config = get_fused_config_from_dir(APP, {})
+    with pytest.raises(ParameterError, match="strategy must be 'fedbalance' or 'flower-fedavg'"):
+        server_app.run(None, {**config, "strategy": "fedprox"})  # type: ignore[arg-type]
+    with pytest.raises(ParameterError, match="evaluates every round: set eval-every = 1"):
+        server_app.run(None, {**config, "strategy": "flower-fedavg", "eval-every": 2})  # type: ignore[arg-type]
