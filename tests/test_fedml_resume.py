@@ -245,7 +245,8 @@ def test_sp_evaluates_the_rounds_and_clients_eval_every_and_eval_fraction_pick(
     tmp_path: Path,
 ) -> None:
     """``eval_every: 2, eval_fraction: 0.5`` in FedML sp: rounds 2 and 3 (the last) are tested,
-    each on the 3 of 6 clients :func:`evaluated_clients` draws, as on FedLab and Flower."""
+    each on the 3 of 6 clients :func:`evaluated_clients` draws, as on FedLab and Flower; the
+    lines saying so are fedbalance's, in FedML's log."""
     from fl_adapters.fedml.runner import run_fedml
 
     out = tmp_path / "out"
@@ -256,6 +257,8 @@ def test_sp_evaluates_the_rounds_and_clients_eval_every_and_eval_fraction_pick(
     assert "local_test_on_all_clients : 1 (3 clients)" in log
     assert "local_test_on_all_clients : 2 (3 clients)" in log
     assert "local_test_on_all_clients : 0" not in log
+    # fedbalance's own INFO lines reach FedML's log (fedml.init replaces logging.root).
+    assert "fedbalance: FedML fedml-sp aggregates with 'fedloss'" in log
 
 
 @pytest.mark.slow

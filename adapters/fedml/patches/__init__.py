@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,7 @@ def arm() -> None:
     @functools.wraps(original_init)
     def init(*a: Any, **kw: Any) -> Any:
         args = original_init(*a, **kw)
+        follow_fedml_logging()
         validate(args)
         return args
 
@@ -92,6 +94,15 @@ def arm() -> None:
     partition.arm(patches)
     patches.set(fedml, "init", init)
     patches.set(FedMLRunner, "__init__", runner_init)
+
+
+def follow_fedml_logging() -> None:
+    """fedbalance's log lines where FedML's go. ``fedml.init`` makes a logger of its own (its
+    format, its handlers) the module's ``logging.root``; loggers made before it still hand
+    their records to the old root, which has no handler, so fedbalance's INFO lines (what it
+    armed, each sampled evaluation) never showed in a FedML run."""
+    for name in ("fl_adapters", "fl_aggregators", "fl_partitions"):
+        logging.getLogger(name).parent = logging.root
 
 
 def disarm() -> None:

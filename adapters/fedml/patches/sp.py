@@ -132,11 +132,8 @@ def test_on_all_clients(self: Any, original: Any, round_idx: Any) -> Any:
 def test_clients(self: Any, round_idx: Any, clients: list[int]) -> None:
     """FedML's ``_local_test_on_all_clients`` over ``clients`` only: the same metrics (each
     client's train and test split, summed) in the same log lines, which ``fedbalance run``
-    reads. The lines go to the root logger, as FedML's own: FedML's log shows no other.
-    """
-    logging.info(
-        "################local_test_on_all_clients : %s (%d clients)", round_idx, len(clients)
-    )
+    reads."""
+    log.info("################local_test_on_all_clients : %s (%d clients)", round_idx, len(clients))
     client = self.client_list[0]
     sums = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # correct, loss, samples
     for c in clients:
@@ -156,7 +153,7 @@ def test_clients(self: Any, round_idx: Any, clients: list[int]) -> None:
     for on_test, name in ((False, "training"), (True, "test")):
         correct, loss, n = sums[on_test]
         if n:
-            logging.info({f"{name}_acc": correct / n, f"{name}_loss": loss / n})
+            log.info({f"{name}_acc": correct / n, f"{name}_loss": loss / n})
 
 
 def aggregate_round(self: Any, original: Any, w_locals: list[tuple[Any, Any]]) -> Any:
