@@ -38,21 +38,3 @@ def test_bench_scale_measures_each_size_and_rewrites_its_report(tmp_path: Path) 
     )
     assert scale.main(["--no-run", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "scale.md").read_text() == text
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(
-    not scale.flower_python().exists(), reason="Flower's environment is not built (make test)"
-)
-def test_flower_side_by_side_times_both_strategies_on_the_same_app() -> None:
-    """fedbalance's strategy and Flower's own FedAvg on the bundled app in Flower's simulation
-    engine: both finish, fedbalance's log says how long asking the nodes took, and the report
-    sets one against the other."""
-    side = scale.side_by_side(nodes=4, rounds=2, per_round=2, timeout=600)
-    assert "error" not in side, side
-    assert side["fedbalance"]["strategy_s"] > side["fedbalance"]["identify_s"] > 0
-    assert side["flower-fedavg"]["strategy_s"] > 0 and "identify_s" not in side["flower-fedavg"]
-    text = "\n".join(scale.side_report(side))
-    assert (
-        "| fedbalance |" in text and "| Flower FedAvg |" in text and "x over the whole run" in text
-    )

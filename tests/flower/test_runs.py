@@ -147,3 +147,19 @@ def test_the_app_refuses_a_strategy_it_does_not_have() -> None:
         server_app.run(None, {**config, "strategy": "fedprox"})  # type: ignore[arg-type]
     with pytest.raises(ParameterError, match="evaluates every round: set eval-every = 1"):
         server_app.run(None, {**config, "strategy": "flower-fedavg", "eval-every": 2})  # type: ignore[arg-type]
+
+
+def test_flower_side_by_side_times_both_strategies_on_the_same_app() -> None:
+    """``fedbalance bench scale``'s side by side: fedbalance's strategy and Flower's own FedAvg
+    on the bundled app in Flower's simulation engine both finish, fedbalance's log says how
+    long asking the nodes took, and the report sets one against the other."""
+    from fedbalance_benchmarks import scale
+
+    side = scale.side_by_side(nodes=4, rounds=2, per_round=2, timeout=600)
+    assert "error" not in side, side
+    assert side["fedbalance"]["strategy_s"] > side["fedbalance"]["identify_s"] > 0
+    assert side["flower-fedavg"]["strategy_s"] > 0 and "identify_s" not in side["flower-fedavg"]
+    text = "\n".join(scale.side_report(side))
+    assert (
+        "| fedbalance |" in text and "| Flower FedAvg |" in text and "x over the whole run" in text
+    )
