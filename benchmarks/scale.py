@@ -39,6 +39,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -166,8 +167,6 @@ def side_by_side(nodes: int, rounds: int, per_round: int, timeout: float) -> dic
     work: ``per_round`` nodes trained and as many evaluated every round, the same data, model
     and client code. Seconds from Flower's "Strategy execution finished" line; fedbalance's
     one-off identification of the nodes from its own log line."""
-    import re
-
     config = (
         f"num-server-rounds={rounds} num-partitions={nodes} clients-per-round={per_round} "
         f"dataset='fmnist' partition='{{\"name\": \"iid\"}}' "

@@ -318,9 +318,12 @@ def evaluation(args: Any) -> Evaluation | None:
     every, fraction = getattr(args, "eval_every", None), getattr(args, "eval_fraction", None)
     if every is None and fraction is None:
         return None
-    fraction = 1.0 if fraction is None else check_float("eval_fraction", fraction, 0.0, 1.0)
-    if fraction == 0:
-        raise ParameterError("eval_fraction must be a finite float in (0, 1], got 0")
+    if fraction is None:
+        fraction = 1.0
+    elif check_float("eval_fraction", fraction, 0.0, 1.0, note="and > 0") == 0:
+        raise ParameterError(
+            f"eval_fraction must be a finite float in (0, 1], got {shown(fraction)}"
+        )
     every = 1 if every is None else check_positive_int("eval_every", every)
     return Evaluation(every, fraction)
 

@@ -54,10 +54,13 @@ def updates(k: int, device: torch.device) -> list[ClientUpdate]:
     ]
 
 
-def assert_same(gpu: OrderedDict[str, torch.Tensor], cpu: OrderedDict[str, torch.Tensor]) -> None:
-    assert list(gpu) == list(cpu)
-    for key, value in gpu.items():
-        assert value.device.type == "cuda", key
+def assert_same(
+    got: OrderedDict[str, torch.Tensor], cpu: OrderedDict[str, torch.Tensor], where: str = "cuda"
+) -> None:
+    """``got`` equals the CPU result ``cpu`` (to float tolerance) and lives on ``where``."""
+    assert list(got) == list(cpu)
+    for key, value in got.items():
+        assert value.device.type == where, key
         assert value.dtype == cpu[key].dtype, key
         tol = 1e-3 if value.dtype == torch.float16 else 1e-5
         assert torch.allclose(value.cpu().double(), cpu[key].double(), atol=tol, rtol=tol), key
@@ -105,10 +108,7 @@ def test_the_result_lives_where_the_global_model_lives(where: str) -> None:
     server, clients = (CPU, GPU) if where == "clients-on-gpu" else (GPU, CPU)
     r = make("fedavgm").aggregate(model(0, server), updates(3, clients))
     ref = make("fedavgm").aggregate(model(0, CPU), updates(3, CPU))
-    for key, value in r.params.items():
-        assert value.device.type == server.type, key
-        tol = 1e-3 if value.dtype == torch.float16 else 1e-5
-        assert torch.allclose(value.cpu().double(), ref.params[key].double(), atol=tol), key
+    assert_same(r.params, ref.params, server.type)
 
 
 def test_the_secure_path_finishes_a_gpu_sum() -> None:
