@@ -135,31 +135,39 @@ def test_deployment_leaves_no_flower_process(deployment: dict[str, Any]) -> None
 
 
 def test_the_app_refuses_a_strategy_it_does_not_have() -> None:
-    """The app's ``strategy`` key: fedbalance's or Flower's FedAvg (the benchmarks' stock
-    reference), nothing else, before any node gets work; the reference evaluates every round."""
+    """The app's ``strategy`` key: fedbalance's or Flower's FedAvg with either sampler (the
+    benchmarks' stock references), nothing else, before any node gets work; the references
+    evaluate every round."""
     from flwr.common.config import get_fused_config_from_dir
 
     from fedbalance_benchmarks.flower_app import server_app
     from fl_partitions.params import ParameterError
 
     config = get_fused_config_from_dir(APP, {})
-    with pytest.raises(ParameterError, match="strategy must be 'fedbalance' or 'flower-fedavg'"):
+    allowed = "'fedbalance', 'flower-fedavg', 'flower-fedavg-seeded'; got 'fedprox'"
+    with pytest.raises(ParameterError, match=f"strategy must be one of {allowed}"):
         server_app.run(None, {**config, "strategy": "fedprox"})  # type: ignore[arg-type]
-    with pytest.raises(ParameterError, match="evaluates every round: set eval-every = 1"):
-        server_app.run(None, {**config, "strategy": "flower-fedavg", "eval-every": 2})  # type: ignore[arg-type]
+    for stock in ("flower-fedavg", "flower-fedavg-seeded"):
+        with pytest.raises(ParameterError, match="evaluate every round: set eval-every = 1"):
+            server_app.run(None, {**config, "strategy": stock, "eval-every": 2})  # type: ignore[arg-type]
 
 
-def test_flower_side_by_side_times_both_strategies_on_the_same_app() -> None:
-    """``fedbalance bench scale``'s side by side: fedbalance's strategy and Flower's own FedAvg
-    on the bundled app in Flower's simulation engine both finish, fedbalance's log says how
-    long asking the nodes took, and the report sets one against the other."""
+def test_flower_side_by_side_times_the_strategies_on_the_same_app() -> None:
+    """``fedbalance bench scale``'s side by side: fedbalance's strategy, Flower's own FedAvg
+    sending to the nodes fedbalance's sampler draws, and Flower's FedAvg with its own sampler,
+    on the bundled app in Flower's simulation engine, all finish; the two seeded ones ask the
+    nodes once and end on the same model (the same clients trained, 2 of 4 a round); the report
+    sets fedbalance against both references."""
     from fedbalance_benchmarks import scale
 
     side = scale.side_by_side(nodes=4, rounds=2, per_round=2, timeout=600)
     assert "error" not in side, side
-    assert side["fedbalance"]["strategy_s"] > side["fedbalance"]["identify_s"] > 0
+    for seeded in ("fedbalance", "flower-fedavg-seeded"):
+        assert side[seeded]["strategy_s"] > side[seeded]["identify_s"] > 0
     assert side["flower-fedavg"]["strategy_s"] > 0 and "identify_s" not in side["flower-fedavg"]
-    text = "\n".join(scale.side_report(side))
-    assert (
-        "| fedbalance |" in text and "| Flower FedAvg |" in text and "x over the whole run" in text
-    )
+    assert side["same_model_max_abs"] < 1e-5
+    text = "\n".join(scale.side_report([side]))
+    for row in ("| fedbalance |", "| Flower FedAvg, same sampling |", "| Flower FedAvg, Flower's"):
+        assert row in text
+    ratio = side["fedbalance"]["strategy_s"] / side["flower-fedavg-seeded"]["strategy_s"]
+    assert f"with the same sampling **{ratio:.2f}x** over the whole run" in text
