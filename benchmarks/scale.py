@@ -265,6 +265,15 @@ def report(record: dict[str, Any], out_dir: Path) -> str:
         "1 local epoch, FedLoss, seed 0; evaluation every second round and the last, on as many "
         "clients as train (the same rounds and clients on every host). Seconds are wall time on "
         "a shared 2-core machine (how each column is measured: the module's docstring).",
+        *(
+            [
+                "",
+                "A negative evaluation is a median excess below zero: evaluating ten clients' "
+                "test splits cost less than the spread between rounds.",
+            ]
+            if any((r.get("evaluation_s") or 0) < 0 for r in record["hosts"])
+            else []
+        ),
         "",
         "| host | clients | steady round s | first round s | evaluation s | outside rounds s | "
         "peak MB | final acc. |",
