@@ -69,8 +69,8 @@ def run(grid: Grid, run_config: Mapping[str, Any]) -> Result:
 
 #: The benchmarks' stock references: Flower's own ``FedAvg`` with Flower's sampler, and the
 #: same ``FedAvg`` sending to the nodes fedbalance's strategy draws for the seed.
-STOCK = ("flower-fedavg", "flower-fedavg-seeded")
 SEEDED = "flower-fedavg-seeded"
+STOCK = ("flower-fedavg", SEEDED)
 
 
 def stock_fedavg(
@@ -83,8 +83,7 @@ def stock_fedavg(
     (:class:`SeededFedAvg`)."""
     if int(run_config.get("eval-every", 1)) != 1:
         raise ParameterError(
-            "strategy 'flower-fedavg' and 'flower-fedavg-seeded' evaluate every round: "
-            "set eval-every = 1"
+            f"strategy {' and '.join(map(repr, STOCK))} evaluate every round: set eval-every = 1"
         )
     fraction = float(run_config.get("eval-fraction", 1.0))
     kwargs: dict[str, Any] = {
