@@ -389,30 +389,33 @@ def test_lightsecagg_refuses_what_needs_the_models(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_every_bypassing_optimizer_is_refused_by_fedml_init(tmp_path: Path) -> None:
     """Each ``federated_optimizer`` value whose path bypasses the wrapped aggregation point
-    (fl_adapters.fedml.adapter.BYPASSING), in each mode, stops in the real ``fedml.init()``;
-    stock FedML (no ``aggregator``) is left to run them."""
+    (fl_adapters.fedml.adapter.BYPASSING), in each mode, stops in the real ``fedml.init()``
+    before FedML's own init (which seeds torch with ``random_seed``: the refused calls leave
+    torch's seed alone); stock FedML (no ``aggregator``) is left to run them."""
     from fl_adapters.fedml.adapter import BYPASSING
 
     script = tmp_path / "probe.py"
     script.write_text(
         "import json, sys\n"
-        "import fedml\n"
+        "import fedml, torch\n"
         "from fedml.arguments import load_arguments\n"
         "out, argv, result = {}, [sys.argv[0], '--cf', sys.argv[1]], sys.argv[3]\n"
-        "for opt in json.loads(sys.argv[2]):\n"
+        "for i, opt in enumerate(json.loads(sys.argv[2])):\n"
         "    sys.argv = list(argv)\n"
         "    args = load_arguments(fedml._global_training_type, fedml._global_comm_backend)\n"
-        "    args.federated_optimizer = opt\n"
+        "    args.federated_optimizer, args.random_seed = opt, 1000 + i\n"
         "    try:\n"
         "        fedml.init(args)\n"
         "        out[opt] = 'ran'\n"
         "    except ValueError as e:\n"
         "        out[opt] = str(e)\n"
+        "    out[opt + ' seeded'] = torch.initial_seed() == 1000 + i\n"
         "sys.argv = list(argv)\n"  # the same optimizer without fedbalance: FedML's own run
         "args = load_arguments(fedml._global_training_type, fedml._global_comm_backend)\n"
-        "args.federated_optimizer, args.aggregator = opt, None\n"
+        "args.federated_optimizer, args.aggregator, args.random_seed = opt, None, 999\n"
         "fedml.init(args)\n"
         "out['stock'] = 'ran'\n"
+        "out['stock seeded'] = torch.initial_seed() == 999\n"
         "open(result, 'w').write(json.dumps(out))\n"  # FedML rewrites stdout
     )
     # Every value in sp; in MPI simulation those it has a simulator for; cross-silo accepts only
@@ -432,4 +435,5 @@ def test_every_bypassing_optimizer_is_refused_by_fedml_init(tmp_path: Path) -> N
         got = json.loads(result.read_text())
         for opt in optimizers:
             assert got[opt].startswith(refusal(opt, host)), (opt, got[opt])
-        assert got["stock"] == "ran"
+            assert got[f"{opt} seeded"] is False, opt  # refused before FedML's init ran
+        assert got["stock"] == "ran" and got["stock seeded"] is True

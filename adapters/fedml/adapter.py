@@ -270,11 +270,16 @@ def state_for(args: Any, host: str) -> RunState | None:
     return _RUN
 
 
-def validate(args: Any) -> None:
-    """Fail fast on an unknown aggregator name or bad arguments (before any training)."""
+def check_before_init(args: Any) -> tuple[tuple[str, str], Aggregator] | None:
+    """What the config alone decides: the aggregator and its arguments, the mode, the
+    optimizer and evaluation keys beside it. ``None`` without an ``aggregator`` key.
+
+    The patched ``fedml.init`` runs this before FedML's own init, so a refused config stops
+    before FedML sets up the process and asks its MLOps server for settings (offline, five
+    tries half a second apart)."""
     chosen = settings(args)
     if chosen is None:
-        return
+        return None
     from fl_adapters.registry import build_aggregator
 
     agg = build_aggregator(chosen[0], chosen[1])
@@ -285,12 +290,6 @@ def validate(args: Any) -> None:
         )
     check_optimizer(args, HOSTS[mode], chosen[0], agg)
     check_evaluation(args, HOSTS[mode])
-    check_world_size(args, mode)
-    if mode[1] == "GRPC":
-        from fl_adapters.fedml.ipconfig import check_grpc
-
-        check_grpc(args)
-    check_resume(args)
     if getattr(agg, "mediated", False) and HOSTS[mode] in ("fedml-cross-silo", "fedml-mpi"):
         if getattr(agg, "mediator_epochs", 1) != 1:
             raise ParameterError(
@@ -298,6 +297,23 @@ def validate(args: Any) -> None:
                 "process trains once a round, as FedML's client counts rounds), got "
                 f"{agg.mediator_epochs}"
             )
+    return mode, agg
+
+
+def validate(args: Any) -> None:
+    """Fail fast on an unknown aggregator name or bad arguments (before any training):
+    :func:`check_before_init`, then what needs FedML's init (the processes, the gRPC ranks, the
+    checkpoint on the server)."""
+    checked = check_before_init(args)
+    if checked is None:
+        return
+    mode = checked[0]
+    check_world_size(args, mode)
+    if mode[1] == "GRPC":
+        from fl_adapters.fedml.ipconfig import check_grpc
+
+        check_grpc(args)
+    check_resume(args)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ cross-silo          :mod:`.cross_silo`                ``FedMLTrainer.train``;
 :mod:`.distributed` holds what the MPI simulation and cross-silo share. Each wrapper takes
 fedbalance's path only when ``self.args`` names a fedbalance aggregator
 (:func:`fl_adapters.fedml.adapter.state_for`), and FedML's own method otherwise; ``fedml.init``
-and ``FedMLRunner`` check the settings before any training (:func:`~.adapter.validate`).
+and ``FedMLRunner`` check the settings before any training (:func:`~.adapter.validate`);
+``fedml.init`` checks what the config alone decides before FedML's own init runs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fl_adapters.autoload import PATCHES
-from fl_adapters.fedml.adapter import state_for, validate
+from fl_adapters.fedml.adapter import check_before_init, state_for, validate
 
 #: ``(module, class, method, host, replacement)``
 Target = tuple[str, str, str, str, Callable[..., Any]]
@@ -74,10 +75,15 @@ def arm() -> None:
         wrapped.append((cls, method, _wrapper(getattr(cls, method), host, replacement)))
     original_init = fedml.init
     original_runner = FedMLRunner.__init__
+    load_arguments = fedml.load_arguments  # what FedML's init calls when given no args
 
     @functools.wraps(original_init)
-    def init(*a: Any, **kw: Any) -> Any:
-        args = original_init(*a, **kw)
+    def init(args: Any = None, *a: Any, **kw: Any) -> Any:
+        if args is None:  # FedML's own first step, taken here so the config is checked first
+            args = load_arguments(fedml._global_training_type, fedml._global_comm_backend)
+        if hasattr(args, "training_type") and hasattr(args, "backend"):
+            check_before_init(args)  # before FedML sets up the process and asks its MLOps server
+        args = original_init(args, *a, **kw)
         follow_fedml_logging()
         validate(args)
         return args
