@@ -51,7 +51,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fl_aggregators import _kl_screen
 from fl_partitions.params import ParameterError, check_float, check_positive_int
 
 
@@ -189,8 +188,11 @@ def assign_mediators(counts: Any, gamma: int) -> list[list[int]]:
     """
     arr = check_counts(counts)
     check_positive_int("gamma", gamma, note="clients per mediator")
-    if arr.shape[0] >= SCREEN_MIN_CLIENTS and _kl_screen.available():
-        return _assign_mediators_screened(arr, gamma)
+    if arr.shape[0] >= SCREEN_MIN_CLIENTS:
+        from fl_aggregators import _kl_screen  # numba with it, only where it serves
+
+        if _kl_screen.available():
+            return _assign_mediators_screened(arr, gamma)
     return _assign_mediators_reference(arr, gamma)
 
 
@@ -215,6 +217,8 @@ def _assign_mediators_reference(arr: NDArray[np.float64], gamma: int) -> list[li
 
 def _assign_mediators_screened(arr: NDArray[np.float64], gamma: int) -> list[list[int]]:
     """The greedy with the compiled screen; numpy's expression decides every pick."""
+    from fl_aggregators import _kl_screen
+
     factor = _kl_screen.scale(arr)
     if factor is None:  # counts outside the range the screen's error bounds cover
         return _assign_mediators_reference(arr, gamma)
