@@ -40,6 +40,29 @@ def test_the_kernels_are_what_runs_here() -> None:
     assert _kernels.available()
 
 
+def test_numba_is_imported_by_the_first_aggregation_not_before() -> None:
+    """A process that only builds aggregators and adapters (a client, a rank, the CLI) does
+    not load numba; the first aggregation does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "import fl_aggregators, fl_adapters.fedlab.runner, fl_adapters.cli\n"
+        "from fl_aggregators import ClientUpdate, FedAvg, astraea_plan\n"
+        "agg = FedAvg()\n"
+        "astraea_plan.assign_mediators([[1, 2], [3, 4]], 2)\n"
+        "print('before', 'numba' in sys.modules)\n"
+        "sd = {'w': torch.ones(4)}\n"
+        "agg.aggregate(sd, [ClientUpdate(sd, 1), ClientUpdate(sd, 2)])\n"
+        "print('after', 'numba' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["before", "False", "after", "True"], out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 8, 9, 10, 16, 17, 33])
 def test_weighted_sum_rounds_the_exact_sum_once(k: int, dtype: torch.dtype, two_threads) -> None:  # type: ignore[no-untyped-def]
