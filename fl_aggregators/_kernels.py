@@ -346,12 +346,13 @@ def median(
     # of the sort), then the passes that merge them.
     cross = np.array(_network(k, REGISTER_CLIENTS), dtype=np.int64).reshape(-1, 3)
     lo, hi = (k - 1) // 2, k // 2
+    kernels = compiled()
 
     def call(src: np.ndarray, dst: np.ndarray, like: np.ndarray, segs: np.ndarray) -> bool:
         m = median_block(k, like.itemsize)
         buf = _aligned((k, m + PAD // like.itemsize), like.dtype)
         table = np.empty(k, dtype=np.uint64)
-        return bool(compiled()._median(src, dst, segs, buf, table, net, cross, lo, hi, m))
+        return bool(kernels._median(src, dst, segs, buf, table, net, cross, lo, hi, m))
 
     return _per_dtype(columns, call, pool)
 
