@@ -10,11 +10,6 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 # chromium + chromium-driver: the docs site's browser test (tests/docs_site).
 APT_PACKAGES := openmpi-bin libopenmpi-dev dataset-fashion-mnist chromium chromium-driver
 PYTEST_ARGS ?=
-# Main-suite files that run in the second lane of `make test` (after the Flower suite) instead of
-# the main one, so that both lanes end about together: measured at 52ea46a, the second lane ended
-# about 420 s before the main suite, whose two workers then left ~17 % of the CPU idle. These two
-# mostly wait on the processes they start (pip and the hosts; the hostile-input cases).
-SIDE_TESTS := tests/test_installed.py tests/test_hostile_input.py
 # Test processes: many tests wait on the processes they start, so two workers on two cores
 # finish well before one. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
@@ -28,7 +23,7 @@ DOCS_VENV ?= .venv-docs
 DOCS_SPEC := mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 mkdocstrings-python==2.0.11 \
 	mkdocs-autorefs==1.4.5 pymdown-extensions==13.1.2 griffelib==2.4.1 selenium==4.51.0 pytest==9.2.0 pytest-timeout==2.4.0
 
-.PHONY: setup setup-flower system-deps demo test test-flower test-side test-docs docs test-fast test-cuda fuzz lint bench-perf clean
+.PHONY: setup setup-flower system-deps demo test test-flower test-docs docs test-fast test-cuda fuzz lint bench-perf clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -82,24 +77,21 @@ lint: setup
 	$(PY) -m ruff format --check fl_aggregators fl_partitions adapters benchmarks tests docs/hooks.py
 	$(PY) -m mypy
 
-# The main suite and a second lane (lint, the docs, the Flower suite, then SIDE_TESTS) run side by side: most
-# of both is waiting on the processes they start (FedML ranks, SuperLink and SuperNodes, Ray), so
-# together they finish sooner than one after the other. The main suite is the longer, so it starts
-# as soon as $(VENV) is ready and nothing else goes before it: lint (ruff, mypy) runs in the second
-# lane, and Flower's environment is built there too. That lane runs with -k (a lint error still
-# lets the docs and Flower tests run and report); its output goes to .flower-tests.log, shown when
-# both are done, and the target fails if either lane does.
+# The main suite and the Flower suite (after the docs) run side by side: most of both is waiting on the processes
+# they start (FedML ranks, SuperLink and SuperNodes, Ray), so together they finish sooner than one
+# after the other. Flower's environment is built in the Flower lane, so the main suite (the longer
+# one) starts as soon as $(VENV) is ready. The Flower lane's output goes to .flower-tests.log,
+# shown when both are done; the target fails if either does.
 # --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
 # and installed-wheel runs) while the other sat idle for 280 s of a 636 s run; a worker that runs
 # out now takes half of the other's queue.
-test: setup
+test: lint
 	@rm -f .flower-tests.rc; \
-	( start=$$(date +%s); $(MAKE) -k --no-print-directory lint test-docs test-flower test-side > .flower-tests.log 2>&1; \
-	  echo $$? > .flower-tests.rc; echo "second lane: $$(( $$(date +%s) - start )) s" >> .flower-tests.log ) & \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(addprefix --ignore=,$(SIDE_TESTS)) $(PYTEST_ARGS); main=$$?; \
-	wait; echo "---- second lane: lint, docs, Flower suite, $(SIDE_TESTS) (log: .flower-tests.log) ----"; \
+	( $(MAKE) --no-print-directory test-docs test-flower > .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS); main=$$?; \
+	wait; echo "---- docs and Flower suite (in $(DOCS_VENV), $(FLOWER_VENV); log: .flower-tests.log) ----"; \
 	cat .flower-tests.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \
-	echo "make test: main suite exit $$main, second lane exit $$flower"; \
+	echo "make test: main suite exit $$main, docs and Flower suite exit $$flower"; \
 	[ $$main -eq 0 ] && [ $$flower -eq 0 ]
 
 # The Flower tests, in Flower's environment (the main suite skips tests/flower: no flwr there).
@@ -108,10 +100,6 @@ test: setup
 test-flower: setup-flower
 	$(FLOWER_PY) -m mypy --follow-imports=silent adapters/flower benchmarks/flower_app benchmarks/perf_flower_overhead.py
 	$(FLOWER_PY) -m pytest tests/flower --durations=10 $(PYTEST_ARGS)
-
-# The main-suite files of the second lane (SIDE_TESTS), in the main environment.
-test-side: setup
-	$(PY) -m pytest --durations=10 $(SIDE_TESTS) $(PYTEST_ARGS)
 
 # Skips the slow end-to-end runs (real frameworks, real processes); CI runs everything.
 test-fast: setup
