@@ -136,7 +136,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 # oversubscribed threads slow every one of them down.
 torch.set_num_threads(1)
 # The same for the processes the tests start (FedML sp, MPI ranks, FedLab, the CLI), unless the
-# environment says otherwise: two FedML tests took 8-10 % less CPU with it, their OpenMP threads
+# environment says otherwise: two FedML tests took 7-10 % less CPU with it, their OpenMP threads
 # no longer spinning beside the other processes. Tests that compare runs bit for bit still set
 # it themselves.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
