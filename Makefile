@@ -37,9 +37,14 @@ system-deps:
 		echo "note: not root or no apt-get; install these for MPI runs and Fashion-MNIST:$$missing"; \
 	fi
 
-$(VENV)/.installed: pyproject.toml
+# torch first, on its own stamp: Flower's environment links it from here (tests/stacks.py) while
+# the rest installs. `packaging`: tests/stacks.py reads requirements with it.
+$(VENV)/.torch:
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_SPEC)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH_SPEC) packaging
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	@if command -v mpicc >/dev/null; then extras=all; else extras=fedlab,fedml,bench,dev; \
 		echo "note: no MPI compiler (mpicc); installing without the mpi extra"; fi; \
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[$$extras]"
@@ -48,7 +53,8 @@ $(VENV)/.installed: pyproject.toml
 setup-flower: $(FLOWER_VENV)/.installed
 
 # Seconds once (torch is linked, not installed), nothing while the stamp is newer than its inputs.
-$(FLOWER_VENV)/.installed: pyproject.toml tests/stacks.py $(VENV)/.installed
+# Needs only torch in $(VENV), not the rest: `make test` builds it while $(VENV) installs.
+$(FLOWER_VENV)/.installed: pyproject.toml tests/stacks.py $(VENV)/.torch
 	$(PY) tests/stacks.py flower $(FLOWER_VENV)
 	$(FLOWER_PY) -m pip install -q --disable-pip-version-check -e ".[flower,bench,dev]"
 	touch $@
@@ -85,9 +91,20 @@ lint: setup
 # --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
 # and installed-wheel runs) while the other sat idle for 280 s of a 636 s run; a worker that runs
 # out now takes half of the other's queue.
-test: lint
+# The docs and Flower environments are built while $(VENV) installs (pip left a core about half
+# idle then: 55 % over the first 160 s of a clean-clone run): the docs one needs nothing of
+# $(VENV), Flower's only its torch.
+test:
 	@rm -f .flower-tests.rc; \
-	( $(MAKE) --no-print-directory test-docs test-flower > .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
+	( $(MAKE) --no-print-directory $(DOCS_VENV)/.installed > .side-setup.log 2>&1 ) & docs=$$!; \
+	$(MAKE) --no-print-directory system-deps $(VENV)/.torch || { wait; exit 1; }; \
+	( $(MAKE) --no-print-directory setup-flower > .side-setup-flower.log 2>&1 ) & flowervenv=$$!; \
+	$(MAKE) --no-print-directory lint; lint=$$?; \
+	if ! wait $$docs; then cat .side-setup.log; exit 1; fi; \
+	if ! wait $$flowervenv; then cat .side-setup-flower.log; exit 1; fi; \
+	[ $$lint -eq 0 ] || exit $$lint; \
+	( { cat .side-setup.log .side-setup-flower.log; $(MAKE) --no-print-directory test-docs test-flower; } \
+		> .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS); main=$$?; \
 	wait; echo "---- docs and Flower suite (in $(DOCS_VENV), $(FLOWER_VENV); log: .flower-tests.log) ----"; \
 	cat .flower-tests.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \

@@ -11,7 +11,10 @@ stack's install (the wheel's ``RECORD``), one process at a time.
 torch is not installed again per stack: its distributions (torch, torchvision and everything
 they require, ~5 GB) are hard-linked from the test environment by their ``RECORD`` files,
 which takes seconds. pip sees them as installed, exactly as in a user's environment where
-torch came first. The host's own distributions (FedML 0.9.6 with the ~100 packages it pulls,
+torch came first. Flower's stack links only torch, torchvision and the CUDA and Triton wheels
+torch pins (:data:`HEAVY`): ``make test`` builds it while the test environment is still
+installing, and that install may replace the small ones (FedML pins ``numpy<2``,
+``networkx<3``), so pip installs those itself there. The host's own distributions (FedML 0.9.6 with the ~100 packages it pulls,
 FedLab 1.3.0) are linked the same way when the test environment holds versions the recipe
 allows — it installed them from the same index with the same pins — and ``pip install`` of
 the recipe then only confirms them; otherwise pip installs them from the index.
@@ -47,6 +50,10 @@ RECIPES: dict[str, list[str]] = {
     "flower": ["flwr[simulation]>=1.41,<1.42"],
 }
 SHARED = ("torch", "torchvision")
+#: Stacks built beside the test environment's install (``make test``) link only these of the
+#: shared closure: what torch pins exactly, which that install never replaces.
+HEAVY = ("torch", "torchvision", "nvidia-", "cuda-", "triton")
+BESIDE_INSTALL = ("flower",)
 PIP = ["-m", "pip", "--disable-pip-version-check", "-q"]
 
 
@@ -116,8 +123,16 @@ def _site(venv: Path) -> Path:
     )
 
 
+def _shared(stack: str) -> list[md.Distribution]:
+    """What ``stack`` links of torch's closure (see :data:`HEAVY`)."""
+    shared = _closure(SHARED)
+    if stack in BESIDE_INSTALL:
+        shared = [d for d in shared if _norm(d.metadata["Name"]).startswith(HEAVY)]
+    return shared
+
+
 def _stamp(stack: str) -> str:
-    shared = {d.metadata["Name"]: d.version for d in _closure(SHARED)}
+    shared = {d.metadata["Name"]: d.version for d in _shared(stack)}
     linked = {d.metadata["Name"]: d.version for d in _closure(_satisfied_here(RECIPES[stack]))}
     text = json.dumps(
         [RECIPES[stack], shared, linked, sysconfig.get_python_version()], sort_keys=True
@@ -165,7 +180,7 @@ def _ensure(stack: str, venv: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     site = _site(venv)
     own = {_norm(d.metadata["Name"]) for d in md.distributions(path=[str(site)])}  # pip, ...
-    for dist in _closure((*SHARED, *_satisfied_here(RECIPES[stack]))):
+    for dist in [*_shared(stack), *_closure(_satisfied_here(RECIPES[stack]))]:
         if _norm(dist.metadata["Name"]) not in own:
             _link_distribution(dist, site)
     if RECIPES[stack]:
