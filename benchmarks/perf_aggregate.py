@@ -635,7 +635,7 @@ def _how() -> str:
         "How fedbalance gets there (`fl_aggregators/_kernels.py`, numba): one compiled call "
         "per round over every float tensor of every client, split in equal shares over as "
         "many threads as torch has (the floor's threads). FedAvg/FedLoss: up to "
-        f"{g} clients, each 32-byte register of coordinates (8 float32) is read from every "
+        f"{g} clients, each 64-byte cache line of coordinates (16 float32) is read from every "
         "client, weighted and added in float64 registers and written once, so the memory "
         "traffic is the floor's reads plus one write of the model; more clients: a float64 "
         f"block of {_kernels.BLOCK} values in L1 takes four clients per pass. Median: "

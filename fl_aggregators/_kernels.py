@@ -4,7 +4,7 @@ Each kernel takes every tensor of every client in one call, as raw addresses, so
 ResNet-18 round (122 tensors x K clients) costs one dispatch instead of thousands of torch
 ops, and reads each client value exactly once:
 
-- ``weighted_sum``: up to ``REGISTER_CLIENTS`` (16) clients, per 32-byte register of
+- ``weighted_sum``: up to ``REGISTER_CLIENTS`` (16) clients, per 64-byte cache line of
   coordinates every client's values are weighted and added in float64 registers and the sum
   is rounded and written once (no accumulator in memory). More clients: per block of
   ``BLOCK`` values, a float64 accumulator in L1 that four clients at a time are added into;
