@@ -95,9 +95,9 @@ def _weighted_sum(src, dst, segs, w, acc, like):
 #: Clients' large tensors usually sit at the same offset modulo 4 KiB (each its own page-aligned
 #: allocation), so one step's lines of every client share an L1 set; reading a whole line per
 #: client per step, not half of one, keeps a line from being evicted between its two halves.
-#: Measured (10 clients of one 11.7 M-value tensor each, against reading them once): 1.64x the
-#: floor with 32-byte steps, 1.32-1.40x with 64. The lanes are the same either way (LLVM splits
-#: them into the machine's registers), so the results are bit for bit the same.
+#: Measured, the kernel alone (10 clients of one 11.7 M-value tensor each, against reading them
+#: once): 1.64x that floor with 32-byte steps, 1.32-1.40x with 64. The lanes are the same either
+#: way (LLVM splits them into the machine's registers), so the results are bit for bit the same.
 SUM_LINE = 64
 
 
@@ -349,9 +349,9 @@ def _median(src, dst, segs, buf, table, net, cross, lo, hi, m):
 def _sum_registers(typingctx: Any, table: Any, j: Any, o: Any, w: Any, k: Any, like: Any) -> Any:
     """``sum_i w[i] * client_i`` of ``k`` (1 to :data:`REGISTER_CLIENTS`) clients for one
     line of lanes (:data:`SUM_LINE`), in float64 registers: client ``i``'s lanes at
-    ``table[i] + j``, the sum (rounded to the values' dtype) to ``o``. Returns the lanes whose float64 sum is
-    NaN, +-Inf or beyond the dtype's largest value, as bits. The order of the additions is
-    :func:`_weighted_sum_registers`' for single values."""
+    ``table[i] + j``, the sum (rounded to the values' dtype) to ``o``. Returns the lanes whose
+    float64 sum is NaN, +-Inf or beyond the dtype's largest value, as bits. The order of the
+    additions is :func:`_weighted_sum_registers`' for single values."""
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         ptable, off, out, pw, count = args[:5]

@@ -12,12 +12,13 @@ torch is not installed again per stack: its distributions (torch, torchvision an
 they require, ~5 GB) are hard-linked from the test environment by their ``RECORD`` files,
 which takes seconds. pip sees them as installed, exactly as in a user's environment where
 torch came first. Flower's stack links only torch, torchvision and the CUDA and Triton wheels
-torch pins (:data:`HEAVY`): ``make test`` builds it while the test environment is still
+torch requires (:data:`HEAVY`): ``make test`` builds it while the test environment is still
 installing, and that install may replace the small ones (FedML pins ``numpy<2``,
-``networkx<3``), so pip installs those itself there. The host's own distributions (FedML 0.9.6 with the ~100 packages it pulls,
-FedLab 1.3.0) are linked the same way when the test environment holds versions the recipe
-allows — it installed them from the same index with the same pins — and ``pip install`` of
-the recipe then only confirms them; otherwise pip installs them from the index.
+``networkx<3``), so pip installs those itself there. The host's own distributions (FedML
+0.9.6 with the ~100 packages it pulls, FedLab 1.3.0) are linked the same way when the test
+environment holds versions the recipe allows — it installed them from the same index with the
+same pins — and ``pip install`` of the recipe then only confirms them; otherwise pip installs
+them from the index.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ RECIPES: dict[str, list[str]] = {
 }
 SHARED = ("torch", "torchvision")
 #: Stacks built beside the test environment's install (``make test``) link only these of the
-#: shared closure: what torch pins exactly, which that install never replaces.
+#: shared closure: torch, torchvision and the CUDA and Triton wheels torch requires at fixed
+#: versions or ranges that the rest of that install never replaces (nothing else asks for them).
 HEAVY = ("torch", "torchvision", "nvidia-", "cuda-", "triton")
 BESIDE_INSTALL = ("flower",)
 PIP = ["-m", "pip", "--disable-pip-version-check", "-q"]
