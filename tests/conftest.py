@@ -39,10 +39,6 @@ FUZZ_SCALE = 10
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The slow end-to-end tests first, each group in its own order: the workers then end on
-    # short tests instead of one worker finishing a long run while the other idles (the last
-    # 210 s of a clean-clone `make test` left 48 % of the CPU idle in file order).
-    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
     if PROFILE != "fuzz":
         return
     for item in items:
