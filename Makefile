@@ -83,10 +83,9 @@ lint: setup
 	$(PY) -m ruff format --check fl_aggregators fl_partitions adapters benchmarks tests docs/hooks.py
 	$(PY) -m mypy
 
-# The main suite and the Flower suite (after the docs) run side by side: most of both is waiting on the processes
-# they start (FedML ranks, SuperLink and SuperNodes, Ray), so together they finish sooner than one
-# after the other. Flower's environment is built in the Flower lane, so the main suite (the longer
-# one) starts as soon as $(VENV) is ready. The Flower lane's output goes to .flower-tests.log,
+# The main suite and the Flower suite (after the docs) run side by side: most of both is waiting
+# on the processes they start (FedML ranks, SuperLink and SuperNodes, Ray), so together they
+# finish sooner than one after the other. The Flower lane's output goes to .flower-tests.log,
 # shown when both are done; the target fails if either does.
 # --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
 # and installed-wheel runs) while the other sat idle for 280 s of a 636 s run; a worker that runs

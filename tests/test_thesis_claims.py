@@ -274,9 +274,10 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def committed_e10() -> tuple[dict[str, Any], str]:
-    doc = json.loads((RESULTS / "thesis_fmnist_e10.json").read_text())
-    return doc, (RESULTS / "thesis_fmnist_e10.md").read_text()
+def committed(stem: str = "thesis_fmnist_e10") -> tuple[dict[str, Any], str]:
+    """A committed grid report (by default the 10-epoch one): its JSON and its text."""
+    doc = json.loads((RESULTS / f"{stem}.json").read_text())
+    return doc, (RESULTS / f"{stem}.md").read_text()
 
 
 @pytest.mark.parametrize("stem", ["thesis_fmnist_e10", "thesis_fmnist"])
@@ -284,8 +285,7 @@ def test_the_committed_report_sets_its_own_runs_against_the_thesis(stem: str) ->
     """Each committed grid report holds the claims section its records give today, the other
     grid's column included (it reads that grid's committed runs): a grid that gained runs
     leaves the other report stale until both are rewritten with ``--no-run``."""
-    doc = json.loads((RESULTS / f"{stem}.json").read_text())
-    text = (RESULTS / f"{stem}.md").read_text()
+    doc, text = committed(stem)
     assert tc.report(doc["runs"], doc["options"], RESULTS) in text
     total = 5 * 6 * doc["options"]["seeds"]
     assert len(doc["runs"]) == total or f"Unfinished: {len(doc['runs'])} of {total} runs" in text
@@ -297,7 +297,7 @@ def test_every_run_of_the_committed_report_is_a_current_committed_record(stem: s
     (the chosen FedAvgM, the unbounded thesis rule, pixel-space noise)."""
     from fedbalance_benchmarks.thesis import load_record, run_config
 
-    doc = json.loads((RESULTS / f"{stem}.json").read_text())
+    doc, _ = committed(stem)
     for run in doc["runs"]:
         path = RESULTS / "per-run" / stem / run["scenario"] / run["aggregator"]
         cfg = run_config(run["scenario"], run["aggregator"], run["seed"], doc["options"])
@@ -306,7 +306,7 @@ def test_every_run_of_the_committed_report_is_a_current_committed_record(stem: s
 
 
 def test_the_readme_shows_the_reports_verdicts() -> None:
-    _, text = committed_e10()
+    _, text = committed()
     readme = README.read_text()
     block = readme.split("<!-- thesis-claims -->\n", 1)[1].split("\n<!-- /thesis-claims -->", 1)[0]
     assert block == tc.readme_block(text)
@@ -314,7 +314,7 @@ def test_the_readme_shows_the_reports_verdicts() -> None:
 
 
 def test_readme_with_verdicts_replaces_only_the_block() -> None:
-    _, text = committed_e10()
+    _, text = committed()
     stale = "intro\n<!-- thesis-claims -->\n| old |\n<!-- /thesis-claims -->\noutro\n"
     fresh = tc.readme_with_verdicts(stale, text)
     assert (
