@@ -148,6 +148,7 @@ class SecAggPlusStrategy(FedBalanceStrategy):
             raise RuntimeError("aggregate_train before configure_train: no global model")
         ok = [m for m in replies if not m.has_error()]
         log_errors(server_round, replies)
+        self.check_read_clients(replies)
         pairs = sorted(
             ((reply_to_update(m, with_params=False), m.metadata.src_node_id) for m in ok),
             key=lambda p: (not isinstance(p[0].client_id, int), str(p[0].client_id).zfill(20)),

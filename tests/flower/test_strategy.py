@@ -317,3 +317,29 @@ def test_evaluation_turned_off_and_an_evaluation_share_are_refused_together() ->
         strategy_from_run_config({"eval-fraction": 0.5}, fraction_evaluate=0.0)
     assert strategy_from_run_config({"eval-fraction": 0.5}).evaluate_fraction == 0.5
     assert strategy_from_run_config({}, fraction_evaluate=0.0).evaluate_fraction is None
+
+
+def test_client_ids_read_from_the_engine_are_checked_against_every_reply(
+    flower_task: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Client ids read from Flower's simulation engine (not asked) stay trusted while the train
+    replies name the same clients; a reply naming another client turns the read off, with a
+    warning, and the nodes are asked from the next round on. Outside the simulation engine
+    nothing is read."""
+    from fl_adapters.flower.strategy import simulated_partitions
+
+    assert simulated_partitions(object()) is None  # type: ignore[arg-type]
+    strategy = FedBalanceStrategy("fedavg")
+    state = model_state(1)
+    strategy.client_ids = {100: 0, 101: 1}  # what round_with's replies report
+    round_with(strategy, [(state, 10, 1.0), (state, 10, 1.0)])
+    assert strategy.read_engine and strategy.client_ids == {100: 0, 101: 1}
+
+    strategy.client_ids = {100: 1, 101: 0}  # the read disagrees with both replies
+    with caplog.at_level("WARNING"):
+        round_with(strategy, [(state, 10, 1.0), (state, 10, 1.0)])
+    assert not strategy.read_engine and strategy.client_ids == {}
+    assert (
+        "node 101 reported client 1, but Flower's simulation engine registered it as partition 0"
+        in caplog.text
+    )
