@@ -183,9 +183,9 @@ def side_by_side(nodes: int, rounds: int, per_round: int, timeout: float) -> dic
     :data:`SIDE_STRATEGIES`: ``per_round`` nodes trained and as many evaluated every round, the
     same data, model and client code. Seconds from Flower's "Strategy execution finished"
     line; a one-off asking of the nodes' client ids (seeded sampling, where the engine's
-    cannot be read) from fedbalance's log line. ``same_model_max_abs`` is the largest difference between the final models of
-    fedbalance's strategy and the seeded stock one: the same clients trained if it is at the
-    level of float rounding."""
+    cannot be read) from fedbalance's log line. ``same_model_max_abs`` is the largest
+    difference between the final models of fedbalance's strategy and the seeded stock one:
+    the same clients trained if it is at the level of float rounding."""
     import torch
 
     config = (
