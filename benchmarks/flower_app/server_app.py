@@ -105,8 +105,9 @@ def stock_fedavg(
 class SeededFedAvg(FedAvg):
     """Flower's own ``FedAvg`` whose train and evaluate messages go to the nodes ``chooser``
     (a :class:`~fl_adapters.flower.strategy.FedBalanceStrategy` of the same run config) draws:
-    the clients fedbalance's strategy trains and evaluates, their ids asked once as it asks
-    them. Everything else -- messages, reply checks, aggregation, metrics -- is Flower's."""
+    the clients fedbalance's strategy trains and evaluates, their ids found as it finds them
+    (read from the simulation engine, else asked once). Everything else -- messages, reply
+    checks, aggregation, metrics -- is Flower's."""
 
     def __init__(self, chooser: FedBalanceStrategy, **fedavg_kwargs: Any) -> None:
         super().__init__(**fedavg_kwargs)

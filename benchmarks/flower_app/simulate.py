@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli.add_argument("--num-supernodes", type=int, default=2)
     cli.add_argument("--run-config", action="append", default=[], help="key=value ... (TOML)")
     args = cli.parse_args(argv)
-    # fedbalance's INFO lines (what it does once, e.g. asking the nodes their ids) on stderr
+    # fedbalance's INFO lines (what it does once, e.g. finding the nodes' client ids) on stderr
     # beside Flower's own.
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("fedbalance %(levelname)s: %(message)s"))
