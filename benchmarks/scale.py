@@ -12,7 +12,9 @@ since the server's aggregator was made, at each aggregation). The time between t
 aggregations holds the round's training and aggregation, and the evaluation of the round
 before when that one was evaluated: the **steady round** is the median over rounds after the
 first whose previous round was not evaluated (training, aggregation and the host's own
-per-round work), the **first round** adds what a host does once (Flower starts its
+per-round work), **of which aggregation** is the median of the seconds each aggregation took
+(the record's ``aggregate_s``: checks, weights, the weighted sum, the record), the rest being
+the clients' training and the host's own work, the **first round** adds what a host does once (Flower starts its
 simulation's worker processes), **evaluation** is the median excess of the rounds that
 follow an evaluated one, and **outside rounds** is the run's wall time outside the rounds
 (interpreter, data, partition, processes, the last evaluation, shut-down). **Peak memory** is
@@ -138,10 +140,11 @@ def measure(host: str, config: dict[str, Any], work: Path, timeout: float) -> di
         if line.startswith("FEDBALANCE_SCALE_RSS")
     )
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    at = {}
+    at, spent = {}, []
     for line in (out / "aggregations.jsonl").read_text().splitlines():
         entry = json.loads(line)
         at[int(entry["round"])] = float(entry["elapsed_s"])
+        spent.append(float(entry["aggregate_s"]))
     rounds = sorted(at)
     seconds = {r: at[r] - at[r - 1] for r in rounds if r - 1 in at}
     evaluated = {int(r["round"]) for r in rows if "test_accuracy" in r}
@@ -155,6 +158,7 @@ def measure(host: str, config: dict[str, Any], work: Path, timeout: float) -> di
         "evaluated": sorted(evaluated),
         "first_round_s": round(at[rounds[0]], 3),
         "steady_round_s": round(step, 3),
+        "aggregation_s": round(statistics.median(spent), 4),
         "evaluation_s": round(statistics.median(after_eval) - step, 3) if after_eval else None,
         "outside_rounds_s": round(wall - at[rounds[-1]], 3),
         "wall_s": round(wall, 3),
@@ -286,17 +290,18 @@ def report(record: dict[str, Any], out_dir: Path) -> str:
             else []
         ),
         "",
-        "| host | clients | steady round s | first round s | evaluation s | outside rounds s | "
-        "peak MB | final acc. |",
-        "|---|---|---|---|---|---|---|---|",
+        "| host | clients | steady round s | of which aggregation s | first round s | "
+        "evaluation s | outside rounds s | peak MB | final acc. |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in record["hosts"]:
         if "error" in r:
-            lines.append(f"| {r['host']} | {r['clients']} | failed: {r['error']} ||||||")
+            lines.append(f"| {r['host']} | {r['clients']} | failed: {r['error']} |||||||")
             continue
         acc = r["final_accuracy"]
         lines.append(
-            f"| {r['host']} | {r['clients']} | {r['steady_round_s']} | {r['first_round_s']} | "
+            f"| {r['host']} | {r['clients']} | {r['steady_round_s']} | "
+            f"{_cell(r.get('aggregation_s'))} | {r['first_round_s']} | "
             f"{_cell(r['evaluation_s'])} | {r['outside_rounds_s']} | {r['peak_rss_mb']} | "
             f"{'-' if acc is None else f'{100 * acc:.1f} %'} |"
         )

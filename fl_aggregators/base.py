@@ -163,6 +163,7 @@ class Aggregator(ABC):
         host: str = "python",
     ) -> AggregationResult:
         """Aggregate one round (see the module docstring for the steps)."""
+        started = time.perf_counter()
         self.round = self.round + 1 if round is None else int(round)
         ids = [u.client_id if u.client_id is not None else i for i, u in enumerate(updates)]
         rejected: dict[int, str] = {}
@@ -221,7 +222,7 @@ class Aggregator(ABC):
             skipped=skipped,
             extra=self._take_extra(),
         )
-        self._record(host, ids, updates, result)
+        self._record(host, ids, updates, result, time.perf_counter() - started)
         return result
 
     # -- secure aggregation -----------------------------------------------------------------
@@ -283,6 +284,7 @@ class Aggregator(ABC):
         weighted average (the bounds stay as weighed, with every client). ``None`` or a
         non-finite sum keeps the global model (the round is skipped).
         """
+        started = time.perf_counter()
         rejected = dict(weighing.rejected)
         for i in dropped:
             rejected.setdefault(i, "dropped out after its weight was computed")
@@ -328,11 +330,18 @@ class Aggregator(ABC):
             skipped=skipped,
             extra={**weighing.extra, "secure": protocol},
         )
-        self._record(host, list(weighing.clients), weighing.updates, result)
+        self._record(
+            host, list(weighing.clients), weighing.updates, result, time.perf_counter() - started
+        )
         return result
 
     def _record(
-        self, host: str, ids: list[Any], updates: Sequence[ClientUpdate], result: AggregationResult
+        self,
+        host: str,
+        ids: list[Any],
+        updates: Sequence[ClientUpdate],
+        result: AggregationResult,
+        spent: float,
     ) -> None:
         record(
             {
@@ -346,6 +355,7 @@ class Aggregator(ABC):
                 "rejected": [{"client": r.client, "reason": r.reason} for r in result.rejected],
                 "skipped": result.skipped,
                 "elapsed_s": round(time.monotonic() - self._started, 3),
+                "aggregate_s": round(spent, 6),
                 **result.extra,
             }
         )

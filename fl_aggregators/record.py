@@ -10,8 +10,10 @@ FedLab, FedML, Flower or plain Python::
 receive the same lines.
 
 Each line: ``{"host", "round", "aggregator", "clients", "num_samples", "metrics", "weights",
-"rejected"}`` plus aggregator-specific keys (e.g. Astraea's ``mediators``). Weights are the
-ones applied, after any bounding, and sum to 1 over accepted clients.
+"rejected", "skipped", "elapsed_s", "aggregate_s"}`` plus aggregator-specific keys (e.g.
+Astraea's ``mediators``). Weights are the ones applied, after any bounding, and sum to 1 over
+accepted clients. ``elapsed_s`` (seconds since the aggregator was made) and ``aggregate_s``
+(seconds this aggregation took) are wall times: no two runs share them.
 """
 
 from __future__ import annotations

@@ -12,12 +12,13 @@ if TYPE_CHECKING:
 
 def records(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of a recorder or metrics file (empty when it does not exist), less their
-    wall time (``elapsed_s``), which no two runs share."""
+    wall times (``elapsed_s``, ``aggregate_s``), which no two runs share."""
     if not path.exists():
         return []
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     for line in lines:
         line.pop("elapsed_s", None)
+        line.pop("aggregate_s", None)
     return lines
 
 

@@ -315,6 +315,8 @@ def test_recorder_appends_one_line_per_aggregation(tmp_path: Path, monkeypatch) 
     ]
     assert sum(lines[1]["weights"]) == pytest.approx(1.0)
     assert 0 <= first["elapsed_s"] <= lines[1]["elapsed_s"]  # since the aggregator was made
+    # Each aggregation's own seconds: within the time since the aggregator was made.
+    assert all(0 < x["aggregate_s"] <= x["elapsed_s"] + 1e-3 for x in lines)
 
 
 def test_recorder_is_silent_without_the_variable(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -27,6 +27,7 @@ def test_bench_scale_measures_each_size_and_rewrites_its_report(tmp_path: Path) 
     for r in record["hosts"]:
         assert r["evaluated"] == [2, 4] and len(r["aggregated_at_s"]) == 4
         assert r["steady_round_s"] > 0 and r["peak_rss_mb"] > 0
+        assert 0 < r["aggregation_s"] < max(r["aggregated_at_s"])  # from the record
         assert 0 <= r["final_accuracy"] <= 1  # a few test samples: 0 is possible
     assert record["plan"] == [
         {**record["plan"][0], "clients": 100, "classes": 47, "identical": True}

@@ -77,7 +77,8 @@ def outcome(out: Path) -> dict[str, Any]:
     """The final model, metrics rows, aggregation record (less wall times) and summary."""
     record, rows = lines(out / "aggregations.jsonl"), lines(out / "metrics.jsonl")
     for entry in record + rows:
-        entry.pop("elapsed_s", None)  # wall time: not part of the result
+        entry.pop("elapsed_s", None)  # wall times: not part of the result
+        entry.pop("aggregate_s", None)
     return {
         "model": torch.load(out / "app" / "final.pt"),
         "rows": rows,

@@ -43,6 +43,7 @@ def test_fedloss_under_secagg_equals_fedloss_in_clear(secure_run: tuple[Path, st
     for entry in record:
         r = entry["round"]
         assert entry["secure"] == "secagg+" and entry["clients"] == [0, 1, 2]
+        assert entry["aggregate_s"] > 0  # the aggregator's finish step, timed like aggregate
         start = torch.load(out / "clients" / f"r{r}_global.pt")
         models = [torch.load(out / "clients" / f"r{r}_c{c}.pt") for c in entry["clients"]]
         updates = [
