@@ -13,7 +13,7 @@ aggregations holds the round's training and aggregation, and the evaluation of t
 before when that one was evaluated: the **steady round** is the median over rounds after the
 first whose previous round was not evaluated (training, aggregation and the host's own
 per-round work), **of which aggregation** is the median of the seconds each aggregation took
-(the record's ``aggregate_s``: checks, weights, the weighted sum, the record), the rest being
+(the record's ``aggregate_s``: checks, weights and the weighted sum), the rest being
 the clients' training and the host's own work, the **first round** adds what a host does once (Flower starts its
 simulation's worker processes), **evaluation** is the median excess of the rounds that
 follow an evaluated one, and **outside rounds** is the run's wall time outside the rounds
