@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -334,43 +335,76 @@ def test_fedloss_under_lightsecagg_equals_fedloss_in_clear(tmp_path: Path) -> No
         assert len(masks) == 2
 
 
-@pytest.mark.slow
-def test_lightsecagg_refuses_what_needs_the_models(tmp_path: Path) -> None:
-    """In the real ``fedml.init()`` (cross-silo over gRPC: one process is a whole rank)."""
-    script = tmp_path / "probe.py"
-    script.write_text(
-        "import json, sys\n"
-        "import fedml\n"
-        "from fedml.arguments import load_arguments\n"
-        "out, result = {}, sys.argv[3]\n"
-        "argv = [sys.argv[0], '--cf', sys.argv[1], '--rank', '0', '--role', 'server']\n"
-        "for case, change in json.loads(sys.argv[2]).items():\n"
-        "    sys.argv = list(argv)\n"
-        "    args = load_arguments(fedml._global_training_type, fedml._global_comm_backend)\n"
-        "    for k, v in change.items():\n"
-        "        setattr(args, k, v)\n"
-        "    try:\n"
-        "        fedml.init(args)\n"
-        "        out[case] = 'ran'\n"
-        "    except ValueError as e:\n"
-        "        out[case] = str(e)\n"
-        "open(result, 'w').write(json.dumps(out))\n"  # FedML rewrites stdout
+#: The modes a ``federated_optimizer`` is refused in, by the test below: every value in sp; in MPI
+#: simulation those it has a simulator for; cross-silo accepts only FedAvg, LSA (which fedbalance
+#: runs: the test above) and SA. Cross-silo runs over gRPC here: one process is a whole rank there
+#: (over MPI FedML's own init first asks for worker_num + 1 processes); the refusal is the same.
+BYPASS_MODES = (
+    ("sp.yaml", "fedml-sp", None),  # None: all of fl_adapters.fedml.adapter.BYPASSING
+    ("mpi.yaml", "fedml-mpi", ["Async_FedAvg", "FedAvg_seq", "FedNova", "FedOpt", "FedProx"]),
+    ("cross_silo_grpc.yaml", "fedml-cross-silo", ["SA"]),
+)
+
+
+def bypass_optimizers(optimizers: list[str] | None) -> list[str]:
+    from fl_adapters.fedml.adapter import BYPASSING
+
+    return sorted(BYPASSING) if optimizers is None else optimizers
+
+
+@pytest.fixture(scope="module")
+def init_probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """What the real ``fedml.init()`` did in each case of the two tests below, by job name.
+
+    One process (tests/hosts/fedml_init_probe.py) pays ``import fedml`` once and forks a fresh
+    child per job (a config and its command line), so no job sees what another's init left."""
+    jobs: list[dict[str, object]] = []
+    lsa = tmp_path_factory.mktemp("lsa")
+    jobs.append(
+        {
+            "name": "lsa",
+            "cf": str(config(lsa, "cross_silo_grpc.yaml", **LSA_ARGS)),
+            "cwd": str(lsa),
+            "argv": ["--rank", "0", "--role", "server"],
+            "cases": {
+                "fedloss": {},
+                "fedmedian": {"aggregator": "fedmedian"},
+                "astraea": {"aggregator": "astraea"},
+                "update_clip": {"aggregator_args": {"update_clip": 2.0}},
+                "checkpoint": {"checkpoint_dir": str(lsa / "ckpt")},
+                "no_prime": {"prime_number": None},
+            },
+        }
     )
-    cases = {
-        "fedloss": {},
-        "fedmedian": {"aggregator": "fedmedian"},
-        "astraea": {"aggregator": "astraea"},
-        "update_clip": {"aggregator_args": {"update_clip": 2.0}},
-        "checkpoint": {"checkpoint_dir": str(tmp_path / "ckpt")},
-        "no_prime": {"prime_number": None},
-    }
-    cfg = config(tmp_path, "cross_silo_grpc.yaml", **LSA_ARGS)
-    shutil.copy(EXAMPLE / "grpc_ipconfig.csv", tmp_path)  # read by fedml.init over gRPC
-    result = tmp_path / "result.json"
-    argv = [sys.executable, str(script), str(cfg), json.dumps(cases), str(result)]
-    out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert result.exists(), (out.stdout + out.stderr)[-3000:]
-    got = json.loads(result.read_text())
+    shutil.copy(EXAMPLE / "grpc_ipconfig.csv", lsa)  # read by fedml.init over gRPC
+    bypass = tmp_path_factory.mktemp("bypass")
+    for name, host, optimizers in BYPASS_MODES:
+        opts = bypass_optimizers(optimizers)
+        cases: dict[str, dict[str, Any]] = {
+            opt: {"federated_optimizer": opt, "random_seed": 1000 + i} for i, opt in enumerate(opts)
+        }
+        # the last optimizer without fedbalance: FedML's own run
+        cases["stock"] = {"federated_optimizer": opts[-1], "aggregator": None, "random_seed": 999}
+        cfg = config(bypass, name)
+        jobs.append({"name": host, "cf": str(cfg), "cwd": str(bypass), "argv": [], "cases": cases})
+    for job in jobs:
+        job["result"] = str(tmp_path_factory.getbasetemp() / f"probe-{job['name']}.json")
+    spec = tmp_path_factory.getbasetemp() / "probe-jobs.json"
+    spec.write_text(json.dumps(jobs))
+    argv = [sys.executable, str(HOSTS / "fedml_init_probe.py"), str(spec)]
+    out = subprocess.run(argv, cwd=bypass, capture_output=True, text=True, timeout=600)
+    got: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        result = Path(str(job["result"]))
+        assert result.exists(), (job["name"], (out.stdout + out.stderr)[-3000:])
+        got[str(job["name"])] = json.loads(result.read_text())
+    return got
+
+
+@pytest.mark.slow
+def test_lightsecagg_refuses_what_needs_the_models(init_probes: dict[str, dict[str, Any]]) -> None:
+    """In the real ``fedml.init()`` (cross-silo over gRPC: one process is a whole rank)."""
+    got = init_probes["lsa"]
     assert got["fedloss"] == "ran"
     for case, words in [
         ("fedmedian", "needs each client's model"),
@@ -387,53 +421,16 @@ def test_lightsecagg_refuses_what_needs_the_models(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_every_bypassing_optimizer_is_refused_by_fedml_init(tmp_path: Path) -> None:
+def test_every_bypassing_optimizer_is_refused_by_fedml_init(
+    init_probes: dict[str, dict[str, Any]],
+) -> None:
     """Each ``federated_optimizer`` value whose path bypasses the wrapped aggregation point
     (fl_adapters.fedml.adapter.BYPASSING), in each mode, stops in the real ``fedml.init()``
     before FedML's own init (which seeds torch with ``random_seed``: the refused calls leave
     torch's seed alone); stock FedML (no ``aggregator``) is left to run them."""
-    from fl_adapters.fedml.adapter import BYPASSING
-
-    script = tmp_path / "probe.py"
-    script.write_text(
-        "import json, sys\n"
-        "import fedml, torch\n"
-        "from fedml.arguments import load_arguments\n"
-        "out, argv, result = {}, [sys.argv[0], '--cf', sys.argv[1]], sys.argv[3]\n"
-        "for i, opt in enumerate(json.loads(sys.argv[2])):\n"
-        "    sys.argv = list(argv)\n"
-        "    args = load_arguments(fedml._global_training_type, fedml._global_comm_backend)\n"
-        "    args.federated_optimizer, args.random_seed = opt, 1000 + i\n"
-        "    try:\n"
-        "        fedml.init(args)\n"
-        "        out[opt] = 'ran'\n"
-        "    except ValueError as e:\n"
-        "        out[opt] = str(e)\n"
-        "    out[opt + ' seeded'] = torch.initial_seed() == 1000 + i\n"
-        "sys.argv = list(argv)\n"  # the same optimizer without fedbalance: FedML's own run
-        "args = load_arguments(fedml._global_training_type, fedml._global_comm_backend)\n"
-        "args.federated_optimizer, args.aggregator, args.random_seed = opt, None, 999\n"
-        "fedml.init(args)\n"
-        "out['stock'] = 'ran'\n"
-        "out['stock seeded'] = torch.initial_seed() == 999\n"
-        "open(result, 'w').write(json.dumps(out))\n"  # FedML rewrites stdout
-    )
-    # Every value in sp; in MPI simulation those it has a simulator for; cross-silo accepts only
-    # FedAvg, LSA (which fedbalance runs: the test above) and SA. Cross-silo runs over gRPC here: one process is a whole rank there (over
-    # MPI FedML's own init first asks for worker_num + 1 processes); the refusal is the same.
-    cases = (
-        ("sp.yaml", "fedml-sp", sorted(BYPASSING)),
-        ("mpi.yaml", "fedml-mpi", ["Async_FedAvg", "FedAvg_seq", "FedNova", "FedOpt", "FedProx"]),
-        ("cross_silo_grpc.yaml", "fedml-cross-silo", ["SA"]),
-    )
-    for name, host, optimizers in cases:
-        cfg = config(tmp_path, name)
-        result = tmp_path / f"{host}.json"
-        argv = [sys.executable, str(script), str(cfg), json.dumps(optimizers), str(result)]
-        out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        assert result.exists(), (out.stdout + out.stderr)[-3000:]
-        got = json.loads(result.read_text())
-        for opt in optimizers:
+    for _name, host, optimizers in BYPASS_MODES:
+        got = init_probes[host]
+        for i, opt in enumerate(bypass_optimizers(optimizers)):
             assert got[opt].startswith(refusal(opt, host)), (opt, got[opt])
-            assert got[f"{opt} seeded"] is False, opt  # refused before FedML's init ran
-        assert got["stock"] == "ran" and got["stock seeded"] is True
+            assert got[f"{opt} seed"] != 1000 + i, opt  # refused before FedML's init ran
+        assert got["stock"] == "ran" and got["stock seed"] == 999
