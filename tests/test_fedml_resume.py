@@ -330,24 +330,82 @@ def test_a_killed_mpi_rank_names_itself_and_the_run_resumes(
     check_launched(out, framework, "MPI", got["checkpoint_round"] + 1)
 
 
+def kill_grpc_rank(
+    out: Path, config: RunConfig, rank: int, kill_after: int, resume: bool
+) -> dict[str, Any]:
+    """A ``fedbalance run`` over gRPC (``resume``: one resuming ``out``'s checkpoint) whose
+    process ``rank`` is SIGKILLed once the server's checkpoint holds ``kill_after`` rounds: as
+    the reliability benchmark's ``fedml_kill_and_resume`` (which the MPI test above runs) before
+    its resume, and like it timing the stop (kill to launcher return)."""
+    import os
+    import signal
+    import threading
+
+    from fedbalance_benchmarks.reliability import fedml_pids
+    from fl_adapters.fedml.runner import run_fedml
+
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            run_fedml(config, out, timeout=600, resume=resume)
+        except Exception as e:  # noqa: BLE001 (handed to the test's thread)
+            result["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            if Checkpoint.load(out / NAME).round >= kill_after:
+                break
+        except CheckpointError:
+            pass
+        assert thread.is_alive() and time.monotonic() < deadline, (rank, result)
+        time.sleep(0.05)
+    (victim,) = fedml_pids(out, rank)
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    thread.join(timeout=120)
+    return {
+        "error": str(result.get("error", "")),
+        "stopped": not thread.is_alive(),
+        "stop_s": time.monotonic() - killed,
+        "processes_left": len(fedml_pids(out)),
+        "checkpoint_round": Checkpoint.load(out / NAME).round,
+    }
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("rank", "what", "log"),
-    [(2, "silo rank 2", "fedml-rank2.log"), (0, "server (rank 0)", "fedml.log")],
-    ids=["silo", "server"],
-)
-def test_a_killed_grpc_process_names_itself_and_the_run_resumes(
-    tmp_path: Path, rank: int, what: str, log: str
+def test_a_killed_grpc_silo_then_server_name_themselves_and_the_run_resumes(
+    tmp_path: Path,
 ) -> None:
+    """A silo (rank 2) is killed; the resume is itself the run whose server (rank 0) is killed
+    once it has checkpointed a round past the first stop; the second resume finishes the run.
+    Each stop names what died, its log and the checkpoint; each killed run's logs are kept."""
     pytest.importorskip("grpc")
-    from fedbalance_benchmarks.reliability import fedml_kill_and_resume
+    import dataclasses
+
+    from fl_adapters.fedml.runner import run_fedml
 
     out = tmp_path / "out"
     config = run_config(tmp_path, "grpc", framework="fedml-cross-silo", backend="grpc", rounds=50)
-    got = fedml_kill_and_resume(out, config, rank=rank, more_rounds=1)
-    assert f"{what} was killed by signal 9 (SIGKILL) after round" in got["error"], got
-    assert "of 50; every other process was stopped" in got["error"], got
-    assert str(out / log) in got["error"], got
-    check_killed_and_resumed(got, out, got["checkpoint_round"] + 1)
-    check_launched(out, "fedml-cross-silo", "GRPC", got["checkpoint_round"] + 1)
-    assert (out / f"{log}.1").exists()  # the killed process's log is kept
+    silo = kill_grpc_rank(out, config, rank=2, kill_after=1, resume=False)
+    server = kill_grpc_rank(
+        out, config, rank=0, kill_after=silo["checkpoint_round"] + 1, resume=True
+    )
+    rounds = server["checkpoint_round"] + 1
+    run_fedml(dataclasses.replace(config, rounds=rounds), out, resume=True, timeout=600)
+    got = records(out / "metrics.jsonl")
+    for stop, what, log in [
+        (silo, "silo rank 2", "fedml-rank2.log"),
+        (server, "server (rank 0)", "fedml.log"),
+    ]:
+        assert f"{what} was killed by signal 9 (SIGKILL) after round" in stop["error"], stop
+        assert "of 50; every other process was stopped" in stop["error"], stop
+        assert str(out / log) in stop["error"], stop
+        check_killed_and_resumed(stop | {"rounds": [r["round"] for r in got]}, out, rounds)
+    assert server["checkpoint_round"] > silo["checkpoint_round"]  # the first resume trained on
+    check_launched(out, "fedml-cross-silo", "GRPC", rounds)
+    # each killed run's logs are kept, numbered by the resume that set them aside
+    assert (out / "fedml-rank2.log.1").exists() and (out / "fedml.log.2").exists()
