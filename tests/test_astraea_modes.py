@@ -208,23 +208,63 @@ def run_stock_distnetwork(
     return records(tmp_path / "dist.jsonl"), base
 
 
-@pytest.mark.slow
-def test_stock_fedlab_distnetwork_scripts_run_astraea_by_environment(tmp_path: Path) -> None:
-    rounds = 3
-    dist, env = run_stock_distnetwork(tmp_path, 3, rounds, '{"gamma": 2, "tau_d": 2.0}')
-    standalone = subprocess.run(
+#: What arms FedLab's stock scripts for Astraea: the environment alone.
+ASTRAEA_ENV = {
+    "FEDBALANCE_AGGREGATOR": "astraea",
+    "FEDBALANCE_AGGREGATOR_ARGS": '{"gamma": 2, "tau_d": 2.0}',
+}
+
+
+def run_stock_standalone(tmp_path: Path, rounds: int) -> tuple[list[str], list[dict[str, Any]]]:
+    """FedLab's stock standalone script armed by ``ASTRAEA_ENV``: its checksum lines, records."""
+    rec = tmp_path / "sa.jsonl"
+    out = subprocess.run(
         [sys.executable, str(HOSTS / "fedlab_stock_standalone.py"), str(rounds)],
-        env={**env, "FEDBALANCE_RECORD": str(tmp_path / "sa.jsonl")},
+        env={**os.environ, **ASTRAEA_ENV, "FEDBALANCE_RECORD": str(rec)},
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
     )
-    assert standalone.returncode == 0, standalone.stderr[-2000:]
-    sa = records(tmp_path / "sa.jsonl")
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [x for x in out.stdout.splitlines() if x.startswith("CHECKSUM")], records(rec)
+
+
+@pytest.fixture(scope="module")
+def stock_standalone(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """One 3-round run of the stock standalone script, shared by the two tests below (the
+    second run of the first, and the standalone reference of the second)."""
+    return run_stock_standalone(tmp_path_factory.mktemp("stock-standalone"), 3)
+
+
+@pytest.mark.slow
+def test_stock_fedlab_script_runs_astraea_by_environment(
+    stock_standalone: tuple[list[str], list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    outs, recs = zip(stock_standalone, run_stock_standalone(tmp_path, 3), strict=True)
+    lines = recs[0]
+    assert [r["round"] for r in lines] == [1, 2, 3]
+    for r in lines:
+        assert r["aggregator"] == "astraea" and r["host"] == "fedlab"
+        # FedLab samples 3 of 6 clients; gamma 2 makes two mediators.
+        assert [len(g) for g in r["mediators"]] == [2, 1] and len(r["kl"]) == 2
+        assert r["clients"] == [0, 1] and r["bytes"]["mediator_clients"] > 0
+    assert outs[0] and outs[0] == outs[1] and recs[0] == recs[1]  # same seed, same result
+
+
+@pytest.mark.slow
+def test_stock_fedlab_distnetwork_scripts_run_astraea_by_environment(
+    stock_standalone: tuple[list[str], list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    rounds = 3
+    args = ASTRAEA_ENV["FEDBALANCE_AGGREGATOR_ARGS"]
+    dist, _ = run_stock_distnetwork(tmp_path, 3, rounds, args)
+    sa = stock_standalone[1]
     assert [r["round"] for r in dist] == [1, 2, 3]
     # The stock scripts seed FedLab's sampler alike; the clients report the same counts, so the
     # plan and the mediators are the standalone's (stock training shuffles with torch's global
-    # RNG, so the models are not compared).
+    # RNG, so the models are not compared; nor is the standalone's torch thread count).
     for x, y in zip(sa, dist, strict=True):
         assert {k: x[k] for k in SAME} == {k: y[k] for k in SAME}
         assert [len(g) for g in y["mediators"]] == [2, 1]
