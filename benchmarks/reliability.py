@@ -600,14 +600,12 @@ def fedml_pids(out: Path, rank: int | None = None) -> list[int]:
     return found
 
 
-def fedml_kill_and_resume(
-    out: Path, config: Any, rank: int, kill_after: int = 1, more_rounds: int | None = None
+def fedml_kill(
+    out: Path, config: Any, rank: int, kill_after: int = 1, *, resume: bool = False
 ) -> dict[str, Any]:
-    """A FedML run (``fedbalance run``'s launcher) whose process ``rank`` is SIGKILLed once the
-    server's checkpoint holds ``kill_after`` rounds; then ``resume`` (``more_rounds`` past the
-    checkpoint; by default to the config's rounds). Times the stop (kill to launcher return)
-    and the resumed run."""
-    import dataclasses
+    """A FedML run (``fedbalance run``'s launcher; ``resume``: one resuming ``out``'s
+    checkpoint) whose process ``rank`` is SIGKILLed once the server's checkpoint holds
+    ``kill_after`` rounds. Times the stop (kill to launcher return)."""
     import signal
     import threading
 
@@ -618,7 +616,7 @@ def fedml_kill_and_resume(
 
     def run() -> None:
         try:
-            run_fedml(config, out, timeout=600)
+            run_fedml(config, out, timeout=600, resume=resume)
         except Exception as e:  # noqa: BLE001 (handed to the caller's thread)
             result["error"] = e
 
@@ -638,21 +636,34 @@ def fedml_kill_and_resume(
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
     thread.join(timeout=120)
-    stop_s = time.monotonic() - killed
+    return {
+        "error": str(result.get("error", "")),
+        "stopped": not thread.is_alive(),
+        "stop_s": time.monotonic() - killed,
+        "processes_left": len(fedml_pids(out)),
+        "checkpoint_round": Checkpoint.load(out / "checkpoint.pt").round,
+    }
+
+
+def fedml_kill_and_resume(
+    out: Path, config: Any, rank: int, kill_after: int = 1, more_rounds: int | None = None
+) -> dict[str, Any]:
+    """:func:`fedml_kill`, then ``resume`` (``more_rounds`` past the checkpoint; by default to
+    the config's rounds). Times the stop and the resumed run."""
+    import dataclasses
+
+    from fl_adapters.fedml.runner import run_fedml
+
+    got = fedml_kill(out, config, rank, kill_after)
     recorded = len((out / "aggregations.jsonl").read_text().splitlines())
-    survived = Checkpoint.load(out / "checkpoint.pt").round
-    left = len(fedml_pids(out))
+    survived = got["checkpoint_round"]
     started = time.monotonic()
     rounds = config.rounds if more_rounds is None else survived + more_rounds
     resumed = dataclasses.replace(config, rounds=rounds)
     summary = run_fedml(resumed, out, resume=True, timeout=600)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return {
-        "error": str(result.get("error", "")),
-        "stopped": not thread.is_alive(),
-        "stop_s": stop_s,
-        "processes_left": left,
-        "checkpoint_round": survived,
+        **got,
         "rounds_lost": recorded - survived,
         "resume_s": time.monotonic() - started,
         "rounds": [r["round"] for r in rows],

@@ -330,52 +330,6 @@ def test_a_killed_mpi_rank_names_itself_and_the_run_resumes(
     check_launched(out, framework, "MPI", got["checkpoint_round"] + 1)
 
 
-def kill_grpc_rank(
-    out: Path, config: RunConfig, rank: int, kill_after: int, resume: bool
-) -> dict[str, Any]:
-    """A ``fedbalance run`` over gRPC (``resume``: one resuming ``out``'s checkpoint) whose
-    process ``rank`` is SIGKILLed once the server's checkpoint holds ``kill_after`` rounds: as
-    the reliability benchmark's ``fedml_kill_and_resume`` (which the MPI test above runs) before
-    its resume, and like it timing the stop (kill to launcher return)."""
-    import os
-    import signal
-    import threading
-
-    from fedbalance_benchmarks.reliability import fedml_pids
-    from fl_adapters.fedml.runner import run_fedml
-
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            run_fedml(config, out, timeout=600, resume=resume)
-        except Exception as e:  # noqa: BLE001 (handed to the test's thread)
-            result["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 600
-    while True:
-        try:
-            if Checkpoint.load(out / NAME).round >= kill_after:
-                break
-        except CheckpointError:
-            pass
-        assert thread.is_alive() and time.monotonic() < deadline, (rank, result)
-        time.sleep(0.05)
-    (victim,) = fedml_pids(out, rank)
-    os.kill(victim, signal.SIGKILL)
-    killed = time.monotonic()
-    thread.join(timeout=120)
-    return {
-        "error": str(result.get("error", "")),
-        "stopped": not thread.is_alive(),
-        "stop_s": time.monotonic() - killed,
-        "processes_left": len(fedml_pids(out)),
-        "checkpoint_round": Checkpoint.load(out / NAME).round,
-    }
-
-
 @pytest.mark.slow
 def test_a_killed_grpc_silo_then_server_name_themselves_and_the_run_resumes(
     tmp_path: Path,
@@ -386,14 +340,13 @@ def test_a_killed_grpc_silo_then_server_name_themselves_and_the_run_resumes(
     pytest.importorskip("grpc")
     import dataclasses
 
+    from fedbalance_benchmarks.reliability import fedml_kill
     from fl_adapters.fedml.runner import run_fedml
 
     out = tmp_path / "out"
     config = run_config(tmp_path, "grpc", framework="fedml-cross-silo", backend="grpc", rounds=50)
-    silo = kill_grpc_rank(out, config, rank=2, kill_after=1, resume=False)
-    server = kill_grpc_rank(
-        out, config, rank=0, kill_after=silo["checkpoint_round"] + 1, resume=True
-    )
+    silo = fedml_kill(out, config, rank=2, kill_after=1)
+    server = fedml_kill(out, config, rank=0, kill_after=silo["checkpoint_round"] + 1, resume=True)
     rounds = server["checkpoint_round"] + 1
     run_fedml(dataclasses.replace(config, rounds=rounds), out, resume=True, timeout=600)
     got = records(out / "metrics.jsonl")
