@@ -39,3 +39,27 @@ def test_bench_scale_measures_each_size_and_rewrites_its_report(tmp_path: Path) 
     )
     assert scale.main(["--no-run", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "scale.md").read_text() == text
+
+
+def test_the_side_by_side_report_gives_medians_ranges_and_per_repeat_ratios() -> None:
+    """Repeated side-by-side runs: the table shows each strategy's median and range, and each
+    ratio (of medians, judged against the bound) gives its range repeat by repeat."""
+    side: dict[str, object] = {"nodes": 1000, "rounds": 10, "per_round": 10, "repeats": 3}
+    side["same_model_max_abs"] = 1e-5
+    for key, runs in [
+        ("fedbalance", [10.0, 12.0, 11.0]),
+        ("flower-fedavg-seeded", [10.0, 10.0, 10.0]),
+        ("flower-fedavg", [8.0, 12.0, 10.0]),
+    ]:
+        side[key] = {"strategy_s": sorted(runs)[1], "wall_s": 20.0, "runs_s": runs}
+    text = "\n".join(scale.side_report([side]))
+    assert "Each strategy ran 3 time(s) at each size" in text
+    assert "| 1,000 | fedbalance | 11.00 (10.00-12.00) | 1.100 | 20.0 |" in text
+    assert (
+        "same sampling **1.10x** over the whole run (bound: 1.2x) (repeat by repeat 1.00-1.20x)"
+        in text
+    )
+    assert (
+        "Flower's sampler **1.10x** over the whole run (bound: 1.2x) (repeat by repeat 1.00-1.25x)"
+        in text
+    )

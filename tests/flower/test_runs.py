@@ -160,7 +160,7 @@ def test_flower_side_by_side_times_the_strategies_on_the_same_app() -> None:
     clients trained, 2 of 4 a round); the report sets fedbalance against both references."""
     from fedbalance_benchmarks import scale
 
-    side = scale.side_by_side(nodes=4, rounds=2, per_round=2, timeout=600)
+    side = scale.side_by_side(nodes=4, rounds=2, per_round=2, timeout=600, repeats=1)
     assert "error" not in side, side
     for strategy in scale.SIDE_STRATEGIES:
         assert side[strategy]["strategy_s"] > 0 and "identify_s" not in side[strategy]
