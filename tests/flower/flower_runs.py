@@ -69,6 +69,10 @@ def finished(work: Path, config: dict[str, Any]) -> Path:
     return work
 
 
+#: A record line's wall times: no two runs share them, so comparisons of runs leave them out.
+WALL_TIMES = ("elapsed_s", "aggregate_s")
+
+
 def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
@@ -77,8 +81,8 @@ def outcome(out: Path) -> dict[str, Any]:
     """The final model, metrics rows, aggregation record (less wall times) and summary."""
     record, rows = lines(out / "aggregations.jsonl"), lines(out / "metrics.jsonl")
     for entry in record + rows:
-        entry.pop("elapsed_s", None)  # wall times: not part of the result
-        entry.pop("aggregate_s", None)
+        for key in WALL_TIMES:
+            entry.pop(key, None)
     return {
         "model": torch.load(out / "app" / "final.pt"),
         "rows": rows,

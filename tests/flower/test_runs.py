@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from flower_runs import WALL_TIMES
 
 from fedbalance_benchmarks.flower_app.task import model_of
 from fl_adapters.flower.runner import run_deployment
@@ -41,7 +42,7 @@ def outcome(out: Path, record: Path) -> dict[str, Any]:
         "model": torch.load(out / "final.pt"),
         "summary": json.loads((out / "summary.json").read_text()),
         "record": [
-            {k: v for k, v in json.loads(line).items() if k != "elapsed_s"}  # wall time
+            {k: v for k, v in json.loads(line).items() if k not in WALL_TIMES}
             for line in record.read_text().splitlines()
         ],
     }
