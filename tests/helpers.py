@@ -10,6 +10,10 @@ if TYPE_CHECKING:
     from fl_adapters.config import RunConfig
 
 
+#: A record line's wall times: no two runs share them, so comparisons of runs leave them out.
+WALL_TIMES = ("elapsed_s", "aggregate_s")
+
+
 def records(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of a recorder or metrics file (empty when it does not exist), less their
     wall times (``elapsed_s``, ``aggregate_s``), which no two runs share."""
@@ -17,8 +21,8 @@ def records(path: Path) -> list[dict[str, Any]]:
         return []
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     for line in lines:
-        line.pop("elapsed_s", None)
-        line.pop("aggregate_s", None)
+        for key in WALL_TIMES:
+            line.pop(key, None)
     return lines
 
 

@@ -95,6 +95,17 @@ def make_reply(
     return Message(content=content, reply_to=msg)
 
 
+def reported_client(msg: Message) -> int | None:
+    """The ``client-id`` a reply reports (the node's ``partition-id``), if it is an int."""
+    if msg.has_error():
+        return None
+    for metrics in msg.content.metric_records.values():
+        client = metrics.get(CLIENT_ID)
+        if isinstance(client, int):
+            return client
+    return None
+
+
 def reply_to_update(msg: Message, *, with_params: bool = True) -> ClientUpdate:
     """One client's train reply as a fedbalance :class:`~fl_aggregators.ClientUpdate`.
 

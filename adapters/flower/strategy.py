@@ -56,10 +56,10 @@ from fl_adapters.config import ConfigError
 from fl_adapters.flower import checkpoint
 from fl_adapters.flower.config import AGGREGATOR_KEY, ARGS_KEY, WHERE, parse_run_config
 from fl_adapters.flower.payload import (
-    CLIENT_ID,
     IDENTIFY,
     QUERY_KEY,
     reply_to_update,
+    reported_client,
     to_array_record,
     to_state_dict,
 )
@@ -272,20 +272,13 @@ class FedBalanceStrategy(FedAvg):
         if not self.read_engine or not self.client_ids:
             return
         for msg in replies:
-            if msg.has_error():
-                continue
-            node = msg.metadata.src_node_id
-            reported = [m.get(CLIENT_ID) for m in msg.content.metric_records.values()]
-            if (
-                reported
-                and isinstance(reported[0], int)
-                and reported[0] != self.client_ids.get(node)
-            ):
+            node, reported = msg.metadata.src_node_id, reported_client(msg)
+            if reported is not None and reported != self.client_ids.get(node):
                 log.warning(
                     "node %s reported client %s, but Flower's simulation engine registered it as "
                     "partition %s; asking the nodes their client ids from the next round on",
                     node,
-                    reported[0],
+                    reported,
                     self.client_ids.get(node),
                 )
                 self.read_engine = False
@@ -307,7 +300,8 @@ class FedBalanceStrategy(FedAvg):
         # In batches, each with its own timeout: asking 10^4 nodes at once ran past the timeout
         # and the rest were asked again the next round. The asking itself stays quadratic in
         # Flower's simulation engine (each polling pass checks every stored message for every
-        # node): 3 to 8 minutes for 10^4 nodes here, once (benchmarks/results/scale.md).
+        # node): 3 to 8 minutes for 10^4 nodes here, which is why the simulation's ids are
+        # read instead (simulated_partitions).
         for start in range(0, len(asked), IDENTIFY_BATCH):
             batch = asked[start : start + IDENTIFY_BATCH]
             replies += grid.send_and_receive(
@@ -315,12 +309,8 @@ class FedBalanceStrategy(FedAvg):
                 timeout=self.identify_timeout,
             )
         for msg in replies:
-            node = msg.metadata.src_node_id
-            client = None
-            if not msg.has_error():
-                for metrics in msg.content.metric_records.values():
-                    client = metrics.get(CLIENT_ID)
-            if isinstance(client, int):
+            node, client = msg.metadata.src_node_id, reported_client(msg)
+            if client is not None:
                 self.client_ids[node] = client
             else:
                 self.unidentified.add(node)  # asked once: not again every round

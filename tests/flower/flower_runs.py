@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import yaml
+from helpers import WALL_TIMES
 
 #: FedAvgM (server momentum: aggregator state) with 2 of 3 clients a round (the seeded
 #: sampler's state matters on resume), 2 rounds: the runs the resume and CLI tests read.
@@ -67,10 +68,6 @@ def finished(work: Path, config: dict[str, Any]) -> Path:
     assert isinstance(done, subprocess.CompletedProcess)
     assert done.returncode == 0, done.stderr[-3000:]
     return work
-
-
-#: A record line's wall times: no two runs share them, so comparisons of runs leave them out.
-WALL_TIMES = ("elapsed_s", "aggregate_s")
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from flower_runs import WALL_TIMES
+from helpers import WALL_TIMES
 
 from fedbalance_benchmarks.flower_app.task import model_of
 from fl_adapters.flower.runner import run_deployment
