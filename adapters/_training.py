@@ -6,8 +6,11 @@ trainer classes call: a few local epochs, and the loss/accuracy of a model on a 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import random
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -18,6 +21,28 @@ from torch.utils.data import DataLoader, Dataset
 from fl_partitions.params import ParameterError
 
 OPTIMIZERS = ("adam", "sgd")
+
+#: Names a file that receives one ``start end client`` line (``time.time()`` seconds, so the
+#: processes of one machine agree) for every local training a client of the run does: the
+#: host's or the user's training step alone, without loading the model, the validation loss or
+#: packing the update. ``fedbalance bench scale`` reads it to split a round's seconds.
+TRAIN_CLOCK = "FEDBALANCE_TRAIN_CLOCK"
+
+
+@contextlib.contextmanager
+def training_clock(client: Any) -> Iterator[None]:
+    """Times the local training inside it into the :data:`TRAIN_CLOCK` file, when one is set."""
+    path = os.environ.get(TRAIN_CLOCK)
+    if not path:
+        yield
+        return
+    start = time.time()
+    try:
+        yield
+    finally:
+        end = time.time()
+        with open(path, "a") as f:  # one short append: whole lines, even from several processes
+            f.write(f"{start:.6f} {end:.6f} {client}\n")
 
 
 def stream_seed(*parts: Any) -> int:

@@ -12,10 +12,13 @@ since the server's aggregator was made, at each aggregation). The time between t
 aggregations holds the round's training and aggregation, and the evaluation of the round
 before when that one was evaluated: the **steady round** is the median over rounds after the
 first whose previous round was not evaluated (training, aggregation and the host's own
-per-round work), **of which aggregation** is the median of the seconds each aggregation took
-(the record's ``aggregate_s``: checks, weights and the weighted sum), the rest being
-the clients' training and the host's own work, the **first round** adds what a host does once (Flower starts its
-simulation's worker processes), **evaluation** is the median excess of the rounds that
+per-round work). Over the same rounds, medians: **training** is the seconds during which at
+least one of the round's clients ran its local training step (the run's training clock,
+``FEDBALANCE_TRAIN_CLOCK``: the training call alone, timed in the process that trains),
+**aggregation** the seconds the aggregation took (the record's ``aggregate_s``: checks,
+weights and the weighted sum), and **the host's own** what is left of the round (sampling,
+sending and decoding models, the clients' validation loss, the host's scheduling). The
+**first round** adds what a host does once (Flower starts its simulation's worker processes), **evaluation** is the median excess of the rounds that
 follow an evaluated one, and **outside rounds** is the run's wall time outside the rounds
 (interpreter, data, partition, processes, the last evaluation, shut-down). **Peak memory** is
 the largest resident set of the run's processes. A host whose steady round does not grow
@@ -52,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fl_adapters._training import TRAIN_CLOCK
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "fedbalance bench scale"
@@ -115,7 +120,8 @@ def measure(host: str, config: dict[str, Any], work: Path, timeout: float) -> di
     cfg_path, out = work / "run.yaml", work / "out"
     cfg_path.write_text(yaml.safe_dump(config))
     python = flower_python() if host == "flower" else Path(sys.executable)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    clock = work / "train_clock.txt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", TRAIN_CLOCK: str(clock)}
     started = time.perf_counter()
     try:
         done = subprocess.run(
@@ -143,17 +149,25 @@ def measure(host: str, config: dict[str, Any], work: Path, timeout: float) -> di
         if line.startswith("FEDBALANCE_SCALE_RSS")
     )
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    at, spent = {}, []
+    at, spent = {}, {}
     for line in (out / "aggregations.jsonl").read_text().splitlines():
         entry = json.loads(line)
         at[int(entry["round"])] = float(entry["elapsed_s"])
-        spent.append(float(entry["aggregate_s"]))
+        spent[int(entry["round"])] = float(entry["aggregate_s"])
     rounds = sorted(at)
     seconds = {r: at[r] - at[r - 1] for r in rounds if r - 1 in at}
     evaluated = {int(r["round"]) for r in rows if "test_accuracy" in r}
-    clean = [s for r, s in seconds.items() if r - 1 not in evaluated]
+    clean = [r for r in seconds if r - 1 not in evaluated]
     after_eval = [s for r, s in seconds.items() if r - 1 in evaluated]
-    step = statistics.median(clean) if clean else float("nan")
+    step = statistics.median(seconds[r] for r in clean) if clean else float("nan")
+    trained = training_per_round(clock, len(rounds), config["clients_per_round"])
+    split: dict[str, Any] = {"training_s": None, "host_s": None}
+    if trained is not None and clean:
+        train = dict(zip(rounds, trained, strict=True))
+        split = {
+            "training_s": round(statistics.median(train[r] for r in clean), 3),
+            "host_s": round(statistics.median(seconds[r] - train[r] - spent[r] for r in clean), 3),
+        }
     return {
         "host": host,
         "clients": config["num_clients"],
@@ -161,7 +175,8 @@ def measure(host: str, config: dict[str, Any], work: Path, timeout: float) -> di
         "evaluated": sorted(evaluated),
         "first_round_s": round(at[rounds[0]], 3),
         "steady_round_s": round(step, 3),
-        "aggregation_s": round(statistics.median(spent), 4),
+        "aggregation_s": round(statistics.median(spent.values()), 4),
+        **split,
         "evaluation_s": round(statistics.median(after_eval) - step, 3) if after_eval else None,
         "outside_rounds_s": round(wall - at[rounds[-1]], 3),
         "wall_s": round(wall, 3),
@@ -256,6 +271,32 @@ def side_by_side(
     return out
 
 
+def union_s(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one of ``intervals``."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def training_per_round(clock: Path, rounds: int, per_round: int) -> list[float] | None:
+    """Each round's training seconds from a run's training clock (:data:`TRAIN_CLOCK`): the
+    steps in order of their start, ``per_round`` to a round (a round waits for all its
+    clients, so rounds do not overlap), each round the seconds during which at least one of its
+    clients trained (Flower's workers train two at once here; they count once). ``None`` when
+    the clock does not hold ``rounds * per_round`` steps."""
+    if not clock.exists():
+        return None
+    steps = sorted(
+        (float(line.split()[0]), float(line.split()[1])) for line in clock.read_text().splitlines()
+    )
+    if len(steps) != rounds * per_round:
+        return None
+    return [union_s(steps[i : i + per_round]) for i in range(0, len(steps), per_round)]
+
+
 def plan_counts(clients: int, classes: int, seed: int) -> np.ndarray:
     """Label-skewed class counts (Dirichlet 0.5) of ``clients`` clients of 20..600 samples."""
     rng = np.random.default_rng(seed)
@@ -314,18 +355,20 @@ def report(record: dict[str, Any], out_dir: Path) -> str:
             else []
         ),
         "",
-        "| host | clients | steady round s | of which aggregation s | first round s | "
-        "evaluation s | outside rounds s | peak MB | final acc. |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| host | clients | steady round s | of which training s | aggregation s | "
+        "the host's own s | first round s | evaluation s | outside rounds s | peak MB | "
+        "final acc. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in record["hosts"]:
         if "error" in r:
-            lines.append(f"| {r['host']} | {r['clients']} | failed: {r['error']} |||||||")
+            lines.append(f"| {r['host']} | {r['clients']} | failed: {r['error']} |||||||||")
             continue
         acc = r["final_accuracy"]
         lines.append(
             f"| {r['host']} | {r['clients']} | {r['steady_round_s']} | "
-            f"{_cell(r.get('aggregation_s'))} | {r['first_round_s']} | "
+            f"{_cell(r.get('training_s'))} | {_cell(r.get('aggregation_s'))} | "
+            f"{_cell(r.get('host_s'))} | {r['first_round_s']} | "
             f"{_cell(r['evaluation_s'])} | {r['outside_rounds_s']} | {r['peak_rss_mb']} | "
             f"{'-' if acc is None else f'{100 * acc:.1f} %'} |"
         )
@@ -493,7 +536,7 @@ def command(record: dict[str, Any]) -> str:
     if record["per_round"] != PER_ROUND:
         parts.append(f"--per-round {record['per_round']}")
     if plan != list(PLAN_SIZES):
-        parts.append("--plan-sizes " + " ".join(map(str, plan)))
+        parts.append(" ".join(["--plan-sizes", *map(str, plan)]))
     if record["plan"] and record["plan"][0]["classes"] != PLAN_CLASSES:
         parts.append(f"--plan-classes {record['plan'][0]['classes']}")
     sides = record.get("flower_side_by_side")

@@ -22,6 +22,7 @@ import torch
 import yaml
 from helpers import check_fedloss_records, records
 
+from fl_adapters._training import TRAIN_CLOCK
 from fl_aggregators import ClientUpdate, FedLoss
 
 pytest.importorskip("fedml")
@@ -68,10 +69,21 @@ def final_test_metrics(out: str) -> list[str]:
 
 @pytest.mark.slow
 def test_sp_simulation_aggregates_with_fedloss(tmp_path: Path) -> None:
-    rec = tmp_path / "rec.jsonl"
-    out = run_host(tmp_path, config(tmp_path, "sp.yaml"), FEDBALANCE_RECORD=str(rec))
+    rec, clock = tmp_path / "rec.jsonl", tmp_path / "clock.txt"
+    out = run_host(
+        tmp_path,
+        config(tmp_path, "sp.yaml"),
+        FEDBALANCE_RECORD=str(rec),
+        **{TRAIN_CLOCK: str(clock)},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    check_fedloss_records(records(rec), "fedml-sp", rounds=2)
+    lines = records(rec)
+    check_fedloss_records(lines, "fedml-sp", rounds=2)
+    # The training clock: each round's clients, one line each, round after round.
+    steps = [line.split() for line in clock.read_text().splitlines()]
+    trained = [sorted(int(c) for _, _, c in steps[i : i + 2]) for i in range(0, len(steps), 2)]
+    assert trained == [sorted(r["clients"]) for r in lines]
+    assert all(float(start) <= float(end) for start, end, _ in steps)
 
 
 @pytest.mark.slow

@@ -28,6 +28,11 @@ def test_bench_scale_measures_each_size_and_rewrites_its_report(tmp_path: Path) 
         assert r["evaluated"] == [2, 4] and len(r["aggregated_at_s"]) == 4
         assert r["steady_round_s"] > 0 and r["peak_rss_mb"] > 0
         assert 0 < r["aggregation_s"] < max(r["aggregated_at_s"])  # from the record
+        # The steady rounds (2 and 4) split: training from the clock, the host's own the rest.
+        assert 0 < r["training_s"] < r["steady_round_s"]
+        assert r["training_s"] + r["aggregation_s"] + r["host_s"] == pytest.approx(
+            r["steady_round_s"], abs=2e-3
+        )
         assert 0 <= r["final_accuracy"] <= 1  # a few test samples: 0 is possible
     assert record["plan"] == [
         {**record["plan"][0], "clients": 100, "classes": 47, "identical": True}
@@ -63,3 +68,15 @@ def test_the_side_by_side_report_gives_medians_ranges_and_per_repeat_ratios() ->
         "Flower's sampler **1.10x** over the whole run (bound: 1.2x) (repeat by repeat 1.00-1.25x)"
         in text
     )
+
+
+def test_a_rounds_training_counts_clients_that_train_at_once_once(tmp_path: Path) -> None:
+    """The training clock's steps, ``per_round`` to a round in order of their start: each
+    round's seconds are the union of its steps; a clock short of a step gives no split."""
+    clock = tmp_path / "clock.txt"
+    # Round 1: two clients at once (1-3 and 2-4) then one alone (5-6); round 2: 10-11 three times.
+    steps = [(5, 6, 2), (1, 3, 0), (2, 4, 1), (10, 11, 3), (10, 11, 4), (10.5, 11, 5)]
+    clock.write_text("".join(f"{a} {b} {c}\n" for a, b, c in steps))
+    assert scale.training_per_round(clock, rounds=2, per_round=3) == [4.0, 1.0]
+    assert scale.training_per_round(clock, rounds=3, per_round=3) is None
+    assert scale.training_per_round(tmp_path / "absent.txt", rounds=2, per_round=3) is None

@@ -23,7 +23,7 @@ import torch
 from fedlab.core.client.trainer import ClientTrainer, SerialClientTrainer
 from fedlab.utils import SerializationTool
 
-from fl_adapters._training import evaluate, local_train, stream_seed
+from fl_adapters._training import evaluate, local_train, stream_seed, training_clock
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.payload import encode
 
@@ -52,15 +52,16 @@ def train_client(
 ) -> list[torch.Tensor]:
     """Load ``params``, train client ``client`` locally, and return its uplink package."""
     SerializationTool.deserialize_model(model, params)
-    n = local_train(
-        model,
-        data.get_dataset(client, "train"),
-        epochs=cfg.epochs,
-        batch_size=cfg.batch_size,
-        optimizer=cfg.optimizer,
-        lr=cfg.lr,
-        seed=stream_seed("fedlab-train", cfg.seed, client, participation),
-    )
+    with training_clock(client):
+        n = local_train(
+            model,
+            data.get_dataset(client, "train"),
+            epochs=cfg.epochs,
+            batch_size=cfg.batch_size,
+            optimizer=cfg.optimizer,
+            lr=cfg.lr,
+            seed=stream_seed("fedlab-train", cfg.seed, client, participation),
+        )
     val_loss = None
     if cfg.need_val_loss:
         val_loss, _, n_val = evaluate(model, data.get_dataset(client, "val"))

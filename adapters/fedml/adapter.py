@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from fl_adapters._training import evaluate, stream_seed
+from fl_adapters._training import evaluate, stream_seed, training_clock
 from fl_adapters.fedml.payload import attach, decode, strip
 from fl_aggregators import Aggregator
 from fl_partitions.params import ParameterError, check_float, check_positive_int, shown
@@ -222,7 +222,8 @@ def train_with_validation(
     )
     if w_global is not None:
         model_trainer.set_model_params(w_global)
-    model_trainer.train(train, device, args)
+    with training_clock(client):
+        model_trainer.train(train, device, args)
     weights = model_trainer.get_model_params()
     loss = validation_loss(model_trainer, val, device, args) if need_val else None
     return attach(weights, client, loss)

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fl_adapters._training import stream_seed
+from fl_adapters._training import stream_seed, training_clock
 from fl_adapters.astraea import (
     AstraeaPlanner,
     Hop,
@@ -112,7 +112,7 @@ class SpAstraea:
                 data = self.client_data(c)
                 trainer.set_id(c)
                 trainer.set_model_params(w)
-                with seeded_training(self.seed, c, self.round, epoch):
+                with seeded_training(self.seed, c, self.round, epoch), training_clock(c):
                     trainer.train(data, client.device, client.args)
                 n = (
                     len(data.dataset)  # type: ignore[arg-type]

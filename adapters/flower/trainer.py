@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-from fl_adapters._training import evaluate, stream_seed
+from fl_adapters._training import evaluate, stream_seed, training_clock
 from fl_adapters.flower.config import SEED_KEY
 from fl_adapters.flower.payload import (
     CLIENT_ID,
@@ -122,7 +122,8 @@ def train_reply(
     client = partition_id(context)
     model.load_state_dict(global_state(msg))
     parts = client_splits(context, data, split)
-    trained = train_fn(model, parts["train"])
+    with training_clock(client):
+        trained = train_fn(model, parts["train"])
     n = int(trained) if isinstance(trained, int) else len(parts["train"])  # type: ignore[arg-type]
     val = parts.get("val")
     val_loss = None

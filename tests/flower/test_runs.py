@@ -25,6 +25,7 @@ import torch
 from helpers import WALL_TIMES
 
 from fedbalance_benchmarks.flower_app.task import model_of
+from fl_adapters._training import TRAIN_CLOCK
 from fl_adapters.flower.runner import run_deployment
 from fl_adapters.processes import stop
 
@@ -37,8 +38,9 @@ RUN_CONFIG = (
 pytestmark = pytest.mark.slow
 
 
-def outcome(out: Path, record: Path) -> dict[str, Any]:
+def outcome(out: Path, record: Path, clock: Path) -> dict[str, Any]:
     return {
+        "clock": [line.split() for line in clock.read_text().splitlines()],
         "model": torch.load(out / "final.pt"),
         "summary": json.loads((out / "summary.json").read_text()),
         "record": [
@@ -51,8 +53,8 @@ def outcome(out: Path, record: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def simulation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("simulation")
-    record = work / "record.jsonl"
-    env = {**os.environ, "FEDBALANCE_RECORD": str(record)}
+    record, clock = work / "record.jsonl", work / "clock.txt"
+    env = {**os.environ, "FEDBALANCE_RECORD": str(record), TRAIN_CLOCK: str(clock)}
     argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
     argv += ["--num-supernodes", "2", "--run-config", f"{RUN_CONFIG} out-dir='{work / 'out'}'"]
     proc = subprocess.Popen(
@@ -64,22 +66,22 @@ def simulation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     finally:  # on a timeout, with Ray's processes below it
         stop(proc)  # type: ignore[arg-type]
     assert proc.returncode == 0, log[-3000:]
-    return outcome(work / "out", record)
+    return outcome(work / "out", record, clock)
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("deployment")
-    record = work / "record.jsonl"
+    record, clock = work / "record.jsonl", work / "clock.txt"
     dep = run_deployment(
         APP,
         work,
         num_supernodes=2,
         run_config=[f"{RUN_CONFIG} out-dir='{work / 'out'}'"],
-        env={"FEDBALANCE_RECORD": str(record)},
+        env={"FEDBALANCE_RECORD": str(record), TRAIN_CLOCK: str(clock)},
         timeout=300,
     )
-    return {**outcome(work / "out", record), "deployment": dep}
+    return {**outcome(work / "out", record, clock), "deployment": dep}
 
 
 def initial_model() -> dict[str, torch.Tensor]:
@@ -119,6 +121,17 @@ def test_same_seed_same_model_in_both_engines(
     for key, value in simulation["model"].items():
         assert torch.equal(deployment["model"][key], value), key
     assert deployment["record"] == simulation["record"]
+
+
+@pytest.mark.parametrize("engine", ["simulation", "deployment"])
+def test_the_training_clock_times_each_clients_training(
+    engine: str, request: pytest.FixtureRequest
+) -> None:
+    """``FEDBALANCE_TRAIN_CLOCK`` reaches the processes that train (Ray's workers, the
+    SuperNodes' ClientApps): one line per client and round, ending after it starts."""
+    steps = request.getfixturevalue(engine)["clock"]
+    assert sorted(int(client) for _, _, client in steps) == [0, 0, 1, 1]  # 2 clients x 2 rounds
+    assert all(0 < float(end) - float(start) < 300 for start, end, _ in steps)
 
 
 def test_deployment_leaves_no_flower_process(deployment: dict[str, Any]) -> None:
