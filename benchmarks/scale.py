@@ -34,7 +34,7 @@ process, and checks the two assignments are equal.
 
     python -m fedbalance_benchmarks.scale [--sizes 100 1000 10000] [--hosts fedlab fedml-sp flower]
         [--rounds 4] [--per-round 10] [--plan-sizes 1000 10000] [--plan-classes 47]
-        [--side-by-side 1000 10000] [--side-by-side-rounds 10] [--side-by-side-repeats 3]
+        [--side-by-side 1000 10000] [--side-by-side-rounds 10] [--side-by-side-repeats 5]
     fedbalance bench scale
 """
 
@@ -70,9 +70,10 @@ PLAN_CLASSES = 47
 #: Flower side by side: fedbalance's app and the same app with Flower's own FedAvg, at these
 #: numbers of SuperNodes.
 SIDE_NODES, SIDE_ROUNDS = (1000, 10_000), 10
-#: Runs of each strategy at each size, taking turns (one run each is at the machine's mercy:
-#: 0.98x and 1.23x in two single runs at 10^3 nodes here).
-SIDE_REPEATS = 3
+#: Runs of each strategy at each size, taking turns. One run each is at the machine's mercy
+#: (0.98x and 1.23x in two single runs at 10^3 nodes here), and so were three: the medians of
+#: two three-run reports at 10^3 nodes gave 1.03x and 1.22x.
+SIDE_REPEATS = 5
 
 #: Runs ``fedbalance run CONFIG --out OUT`` and prints the largest resident set (KiB) of this
 #: process and of the processes it waited for.
