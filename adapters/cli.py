@@ -169,10 +169,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         print(json.dumps({"config": "ok", **check(config)}))
         return 0
+    from fl_adapters._training import TRAIN_CLOCK
     from fl_adapters.rundir import claim
     from fl_aggregators.record import check_target
 
     check_target()  # FEDBALANCE_RECORD: a place that can hold the record, before any training
+    check_target(env=TRAIN_CLOCK)  # and the training clock's file, if one is asked for
     out = Path(args.out)
     with claim(out, resume=args.resume, overwrite=args.overwrite):
         summary = _run(config, out, args)

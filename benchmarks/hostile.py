@@ -261,6 +261,14 @@ CASES: tuple[Case, ...] = (
         check=lambda d: not (d / "out").exists(),
     ),
     Case(
+        "FEDBALANCE_TRAIN_CLOCK=a directory",
+        [*RUN, "--out", "{dir}/out"],
+        ["FEDBALANCE_TRAIN_CLOCK=/tmp is not a regular file"],
+        _write("run.yaml", BASE),
+        env={"FEDBALANCE_TRAIN_CLOCK": "/tmp"},
+        check=lambda d: not (d / "out").exists(),
+    ),
+    Case(
         "partition --out a directory",
         [*PARTITION, "--dataset", "npy:{dir}/labels.npy", "--out", "{dir}"],
         ["is a directory"],

@@ -46,19 +46,20 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def check_target(path: str | None = None) -> None:
-    """Refuse, before any training, a record path that cannot hold the record: not a regular
-    file (``/dev/full``, a directory) or not writable. A ``ValueError`` names it."""
-    path = path or os.environ.get(ENV)
+def check_target(path: str | None = None, env: str = ENV) -> None:
+    """Refuse, before any training, a record path (by default the one in ``env``) that cannot
+    hold the record: not a regular file (``/dev/full``, a directory) or not writable. A
+    ``ValueError`` names it."""
+    path = path or os.environ.get(env)
     if not path:
         return
     if os.path.exists(path) and not os.path.isfile(path):
-        raise ParameterError(f"{ENV}={path} is not a regular file")
+        raise ParameterError(f"{env}={path} is not a regular file")
     try:
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as e:
-        raise ParameterError(f"{ENV}={path} cannot be written ({e.strerror or e})") from None
+        raise ParameterError(f"{env}={path} cannot be written ({e.strerror or e})") from None
 
 
 _failed: set[str] = set()
