@@ -18,8 +18,9 @@ least one of the round's clients ran its local training step (the run's training
 **aggregation** the seconds the aggregation took (the record's ``aggregate_s``: checks,
 weights and the weighted sum), and **the host's own** what is left of the round (sampling,
 sending and decoding models, the clients' validation loss, the host's scheduling). The
-**first round** adds what a host does once (Flower starts its simulation's worker processes), **evaluation** is the median excess of the rounds that
-follow an evaluated one, and **outside rounds** is the run's wall time outside the rounds
+**first round** adds what a host does once (Flower starts its simulation's worker
+processes), **evaluation** is the median excess of the rounds that follow an evaluated one,
+and **outside rounds** is the run's wall time outside the rounds
 (interpreter, data, partition, processes, the last evaluation, shut-down). **Peak memory** is
 the largest resident set of the run's processes. A host whose steady round does not grow
 with the clients that sit out has flat per-round cost.
@@ -382,9 +383,16 @@ def report(record: dict[str, Any], out_dir: Path) -> str:
         rs = sorted(rs, key=lambda r: r["clients"])
         if len(rs) > 1 and rs[0]["steady_round_s"] > 0:
             ratio = rs[-1]["steady_round_s"] / rs[0]["steady_round_s"]
+            parts = [
+                f"{name} {rs[-1][key] / rs[0][key]:.2f}x"
+                for key, name in (("host_s", "the host's own"), ("training_s", "training"))
+                if rs[0].get(key) and rs[-1].get(key) is not None
+            ]
+            apart = f" ({', '.join(parts)})" if parts else ""
             growth.append(
                 f"- {host}: steady round at {rs[-1]['clients']:,} clients is {ratio:.2f}x "
-                f"the one at {rs[0]['clients']:,}; outside rounds {rs[0]['outside_rounds_s']} -> "
+                f"the one at {rs[0]['clients']:,}{apart}; "
+                f"outside rounds {rs[0]['outside_rounds_s']} -> "
                 f"{rs[-1]['outside_rounds_s']} s; peak memory {rs[0]['peak_rss_mb']} -> "
                 f"{rs[-1]['peak_rss_mb']} MB"
             )
