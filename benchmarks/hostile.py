@@ -252,21 +252,20 @@ CASES: tuple[Case, ...] = (
         ["is not a directory"],
         _write("run.yaml", BASE),
     ),
-    Case(
-        "FEDBALANCE_RECORD=/dev/full",
-        [*RUN, "--out", "{dir}/out"],
-        ["FEDBALANCE_RECORD=/dev/full is not a regular file"],
-        _write("run.yaml", BASE),
-        env={"FEDBALANCE_RECORD": "/dev/full"},
-        check=lambda d: not (d / "out").exists(),
-    ),
-    Case(
-        "FEDBALANCE_TRAIN_CLOCK=a directory",
-        [*RUN, "--out", "{dir}/out"],
-        ["FEDBALANCE_TRAIN_CLOCK=/tmp is not a regular file"],
-        _write("run.yaml", BASE),
-        env={"FEDBALANCE_TRAIN_CLOCK": "/tmp"},
-        check=lambda d: not (d / "out").exists(),
+    # The files a run appends to, named by environment variable: refused before any training.
+    *(
+        Case(
+            f"{var}={what}",
+            [*RUN, "--out", "{dir}/out"],
+            [f"{var}={path} is not a regular file"],
+            _write("run.yaml", BASE),
+            env={var: path},
+            check=lambda d: not (d / "out").exists(),
+        )
+        for var, path, what in (
+            ("FEDBALANCE_RECORD", "/dev/full", "/dev/full"),
+            ("FEDBALANCE_TRAIN_CLOCK", "/tmp", "a directory"),
+        )
     ),
     Case(
         "partition --out a directory",
