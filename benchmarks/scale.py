@@ -291,9 +291,8 @@ def training_per_round(clock: Path, rounds: int, per_round: int) -> list[float] 
     the clock does not hold ``rounds * per_round`` steps."""
     if not clock.exists():
         return None
-    steps = sorted(
-        (float(line.split()[0]), float(line.split()[1])) for line in clock.read_text().splitlines()
-    )
+    fields = (line.split() for line in clock.read_text().splitlines())
+    steps = sorted((float(start), float(end)) for start, end, *_ in fields)
     if len(steps) != rounds * per_round:
         return None
     return [union_s(steps[i : i + per_round]) for i in range(0, len(steps), per_round)]
