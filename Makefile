@@ -83,31 +83,35 @@ lint: setup
 	$(PY) -m ruff format --check fl_aggregators fl_partitions adapters benchmarks tests docs/hooks.py
 	$(PY) -m mypy
 
-# The main suite and the Flower suite (after the docs) run side by side: most of both is waiting
-# on the processes they start (FedML ranks, SuperLink and SuperNodes, Ray), so together they
-# finish sooner than one after the other. The Flower lane's output goes to .flower-tests.log,
-# shown when both are done; the target fails if either does.
+# The main suite and a side lane (ruff and mypy, the docs, then the Flower suite) run side by side:
+# most of both is waiting on the processes they start (FedML ranks, SuperLink and SuperNodes, Ray),
+# so together they finish sooner than one after the other. The side lane's output goes to
+# .flower-tests.log, shown when both are done; the target fails if either does. Each lane says
+# after how many seconds it finished.
 # --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
 # and installed-wheel runs) while the other sat idle for 280 s of a 636 s run; a worker that runs
 # out now takes half of the other's queue.
 # The docs and Flower environments are built while $(VENV) installs (pip left a core about half
 # idle then: 55 % over the first 160 s of a clean-clone run): the docs one needs nothing of
-# $(VENV), Flower's only its torch.
+# $(VENV), Flower's only its torch. Lint is in the side lane, not before the main suite: the
+# main suite is the longer lane, and lint held up its start by 16-20 s.
 test:
-	@rm -f .flower-tests.rc; \
+	@rm -f .flower-tests.rc; start=$$(date +%s); \
 	( $(MAKE) --no-print-directory $(DOCS_VENV)/.installed > .side-setup.log 2>&1 ) & docs=$$!; \
 	$(MAKE) --no-print-directory system-deps $(VENV)/.torch || { wait; exit 1; }; \
 	( $(MAKE) --no-print-directory setup-flower > .side-setup-flower.log 2>&1 ) & flowervenv=$$!; \
-	$(MAKE) --no-print-directory lint; lint=$$?; \
+	$(MAKE) --no-print-directory setup || { wait; exit 1; }; \
 	if ! wait $$docs; then cat .side-setup.log; exit 1; fi; \
 	if ! wait $$flowervenv; then cat .side-setup-flower.log; exit 1; fi; \
-	[ $$lint -eq 0 ] || exit $$lint; \
-	( { cat .side-setup.log .side-setup-flower.log; $(MAKE) --no-print-directory test-docs test-flower; } \
-		> .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
+	( { cat .side-setup.log .side-setup-flower.log; \
+		$(MAKE) -k --no-print-directory lint test-docs test-flower; rc=$$?; \
+		echo "side lane (lint, docs, Flower suite) finished after $$(( $$(date +%s) - start )) s"; \
+		exit $$rc; } > .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS); main=$$?; \
-	wait; echo "---- docs and Flower suite (in $(DOCS_VENV), $(FLOWER_VENV); log: .flower-tests.log) ----"; \
+	echo "main suite finished after $$(( $$(date +%s) - start )) s"; \
+	wait; echo "---- lint, docs and Flower suite (in $(DOCS_VENV), $(FLOWER_VENV); log: .flower-tests.log) ----"; \
 	cat .flower-tests.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \
-	echo "make test: main suite exit $$main, docs and Flower suite exit $$flower"; \
+	echo "make test: main suite exit $$main, lint, docs and Flower suite exit $$flower"; \
 	[ $$main -eq 0 ] && [ $$flower -eq 0 ]
 
 # The Flower tests, in Flower's environment (the main suite skips tests/flower: no flwr there).
