@@ -104,9 +104,9 @@ test:
 	if ! wait $$docs; then cat .side-setup.log; exit 1; fi; \
 	if ! wait $$flowervenv; then cat .side-setup-flower.log; exit 1; fi; \
 	( { cat .side-setup.log .side-setup-flower.log; \
-		$(MAKE) -k --no-print-directory lint test-docs test-flower; rc=$$?; \
+		$(MAKE) -k --no-print-directory lint test-docs test-flower; echo $$? > .flower-tests.rc; \
 		echo "side lane (lint, docs, Flower suite) finished after $$(( $$(date +%s) - start )) s"; \
-		exit $$rc; } > .flower-tests.log 2>&1; echo $$? > .flower-tests.rc ) & \
+		} > .flower-tests.log 2>&1 ) & \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS); main=$$?; \
 	echo "main suite finished after $$(( $$(date +%s) - start )) s"; \
 	wait; echo "---- lint, docs and Flower suite (in $(DOCS_VENV), $(FLOWER_VENV); log: .flower-tests.log) ----"; \
