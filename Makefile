@@ -86,7 +86,7 @@ lint: setup
 # The main suite and a side lane (ruff and mypy, the docs, then the Flower suite) run side by side.
 # Alone, on 2 cores, the main suite took 620 s (1,065 CPU-s: mostly FedML processes, 6 s of
 # `import fedml` each) and the Flower suite 527 s (714 CPU-s: Ray, SuperLink, SuperNodes); side
-# by side, in two clean-clone runs, both were done 974-984 s after the main suite began. The side
+# by side, in three clean-clone runs, both were done 974-997 s after the main suite began. The side
 # lane's output goes to .flower-tests.log, shown when both are done; the target fails if either
 # does. Each lane says after how many seconds it finished.
 # --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
