@@ -555,9 +555,13 @@ def run_clients(
     return records, checks, flower.info
 
 
+#: Timed runs per implementation and client count (``--repeats``).
+REPEATS = 5
+
+
 def run(
     clients: Sequence[int] = (10, 100),
-    repeats: int = 5,
+    repeats: int = REPEATS,
     flower: bool = True,
     tiny: bool = False,
     out_dir: Path = RESULTS,
@@ -707,6 +711,7 @@ def write(
         f"{load}.\n"
         f"{_versions()}. {flower_line}\n"
         f"Regenerate: `fedbalance bench perf-aggregate"
+        f"{'' if repeats == REPEATS else f' --repeats {repeats}'}"
         f"{'' if threads is None else f' --threads {threads}'}`.\n\n"
         f"`params`: values aggregated per client (flat vectors carry the float tensors only, "
         f"not the int64 BatchNorm counters). `floor`: `torch.sum` over each client's flat "
@@ -749,7 +754,7 @@ def _ratio_text(r: dict[str, Any], ref: dict[str, Any] | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 100])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--no-flower", action="store_true", help="skip the Flower comparison")
     ap.add_argument(
         "--flower-venv",
