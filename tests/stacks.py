@@ -94,14 +94,23 @@ def _link_distribution(dist: md.Distribution, site: Path) -> None:
             rel = src.relative_to(base.resolve())
         except ValueError:  # scripts in bin/ and the like: not needed to import
             continue
-        dst = site / rel
-        if dst.exists() or not src.is_file():
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src, dst)
-        except OSError:  # another file system: copy
-            shutil.copy2(src, dst)
+        _link(src, site / rel)
+        if src.suffix == ".py":
+            # uv, unlike pip, leaves the bytecode it compiled out of RECORD; without it every
+            # process of the stack would compile torch as it imports it (PYTHONDONTWRITEBYTECODE).
+            pyc = Path("__pycache__", f"{src.stem}.{sys.implementation.cache_tag}.pyc")
+            _link(src.parent / pyc, (site / rel).parent / pyc)
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` to ``dst`` (a copy across file systems), unless there or not a file."""
+    if dst.exists() or not src.is_file():
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system: copy
+        shutil.copy2(src, dst)
 
 
 def venv_of(stack: str, venv: Path | None = None) -> Path:
