@@ -87,8 +87,8 @@ lint: setup
 	$(PY) -m ruff format --check fl_aggregators fl_partitions adapters benchmarks tests tools docs/hooks.py
 	$(PY) -m mypy
 
-# The main suite and a side lane (ruff and mypy, the docs, then the Flower suite) run side by side.
-# Alone, on 2 cores, the main suite took 620 s (1,065 CPU-s: mostly FedML processes, 6 s of
+# The main suite and a side lane (the Flower suite, then ruff and mypy and the docs) run side by
+# side. Alone, on 2 cores, the main suite took 620 s (1,065 CPU-s: mostly FedML processes, 6 s of
 # `import fedml` each) and the Flower suite 527 s (714 CPU-s: Ray, SuperLink, SuperNodes); side
 # by side, in three clean-clone runs, both were done 974-997 s after the main suite began. The side
 # lane's output goes to .flower-tests.log, shown when both are done; the target fails if either
@@ -96,27 +96,30 @@ lint: setup
 # --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
 # and installed-wheel runs) while the other sat idle for 280 s of a 636 s run; a worker that runs
 # out now takes half of the other's queue.
-# The docs and Flower environments are built while $(VENV) installs (pip left a core about half
-# idle then: 55 % over the first 160 s of a clean-clone run): the docs one needs nothing of
-# $(VENV), Flower's only its torch. Lint is in the side lane, not before the main suite: the
-# main suite is the longer lane, and lint held up its start by 16-20 s.
+# The docs environment is built from the start and Flower's once torch is in $(VENV) (its only
+# need of it), both while $(VENV) installs. The main suite starts as soon as $(VENV) is installed:
+# waiting for the other two as well held it up 25-67 s in clean-clone runs. Lint and the docs
+# need $(VENV) and the docs environment, so the side lane runs them last, once both say they are
+# done (.setup.rc, .docs-setup.rc); a failed install fails the target after the other lane ends.
 test:
-	@rm -f .flower-tests.rc; start=$$(date +%s); \
-	( $(MAKE) --no-print-directory $(DOCS_VENV)/.installed > .side-setup.log 2>&1 ) & docs=$$!; \
+	@rm -f .flower-tests.rc .setup.rc .docs-setup.rc; start=$$(date +%s); \
+	( $(MAKE) --no-print-directory $(DOCS_VENV)/.installed > .side-setup.log 2>&1; \
+		echo $$? > .docs-setup.rc ) & \
 	$(MAKE) --no-print-directory system-deps $(VENV)/.torch || { wait; exit 1; }; \
-	( $(MAKE) --no-print-directory setup-flower > .side-setup-flower.log 2>&1 ) & flowervenv=$$!; \
-	$(MAKE) --no-print-directory setup || { wait; exit 1; }; \
-	if ! wait $$docs; then cat .side-setup.log; exit 1; fi; \
-	if ! wait $$flowervenv; then cat .side-setup-flower.log; exit 1; fi; \
-	( { cat .side-setup.log .side-setup-flower.log; \
-		$(MAKE) -k --no-print-directory lint test-docs test-flower; echo $$? > .flower-tests.rc; \
-		echo "side lane (lint, docs, Flower suite) finished after $$(( $$(date +%s) - start )) s"; \
+	( { $(MAKE) --no-print-directory test-flower; flower=$$?; \
+		until [ -e .setup.rc ] && [ -e .docs-setup.rc ]; do sleep 2; done; cat .side-setup.log; \
+		if [ "$$(cat .setup.rc)$$(cat .docs-setup.rc)" = 00 ]; then \
+			$(MAKE) -k --no-print-directory lint test-docs; rest=$$?; else rest=1; fi; \
+		echo $$(( flower || rest )) > .flower-tests.rc; \
+		echo "side lane (Flower suite, lint, docs) finished after $$(( $$(date +%s) - start )) s"; \
 		} > .flower-tests.log 2>&1 ) & \
+	$(MAKE) --no-print-directory setup; echo $$? > .setup.rc; \
+	[ "$$(cat .setup.rc)" = 0 ] || { wait; exit 1; }; \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS); main=$$?; \
 	echo "main suite finished after $$(( $$(date +%s) - start )) s"; \
-	wait; echo "---- lint, docs and Flower suite (in $(DOCS_VENV), $(FLOWER_VENV); log: .flower-tests.log) ----"; \
+	wait; echo "---- Flower suite, lint and docs (in $(FLOWER_VENV), $(DOCS_VENV); log: .flower-tests.log) ----"; \
 	cat .flower-tests.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \
-	echo "make test: main suite exit $$main, lint, docs and Flower suite exit $$flower"; \
+	echo "make test: main suite exit $$main, Flower suite, lint and docs exit $$flower"; \
 	[ $$main -eq 0 ] && [ $$flower -eq 0 ]
 
 # The Flower tests, in Flower's environment (the main suite skips tests/flower: no flwr there).
