@@ -84,9 +84,10 @@ def uv() -> Path:
         exe = UV_VENV / "bin" / "uv"
         if not exe.is_file():
             subprocess.run([sys.executable, "-m", "venv", str(UV_VENV)], check=True)
-            subprocess.run(
-                [str(UV_VENV / "bin" / "python"), "-m", "pip", "install", "-q", UV_SPEC], check=True
-            )
+            # Bounded: where the index cannot be reached, pip installs in a minute, not after
+            # pip's default retries.
+            pip = [str(UV_VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
+            subprocess.run([*pip, "--timeout", "20", "--retries", "1", UV_SPEC], check=True)
         return exe
 
 
