@@ -45,7 +45,7 @@ def test_pip_settings_become_uv_flags_and_environment() -> None:
     assert env == {"SSL_CERT_FILE": "/ca.crt", "UV_HTTP_TIMEOUT": "180"}
 
 
-def test_a_pip_setting_uv_does_not_get_is_named_and_pip_installs(
+def test_a_pip_setting_uv_cannot_take_is_named_and_uv_is_not_used(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PIP_TRUSTED_HOST", "mirror.example.org")
