@@ -9,12 +9,17 @@
 
 ``flwr run APP local-simulation`` would start a detached local SuperLink that outlives the
 command; this keeps the whole run in one process tree.
+
+The engine polls by message, not by virtual node (:mod:`fl_adapters.flower.engine`), for every
+strategy; ``FEDBALANCE_FLOWER_POLLING=flower`` keeps Flower's own per-node polling (the scale
+benchmark compares the two).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,8 +29,12 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
 from fedbalance_benchmarks.flower_app import client_app, server_app
+from fl_adapters.flower.engine import index_message_polling
 
 APP_DIR = Path(__file__).resolve().parent
+#: How the engine finds the messages for its virtual nodes: ``index`` (fedbalance's, one scan
+#: of the stored messages a pass) or ``flower`` (Flower's, one per node).
+POLLING_ENV, POLLING = "FEDBALANCE_FLOWER_POLLING", ("index", "flower")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -40,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ours = logging.getLogger("fl_adapters")
     ours.addHandler(handler)
     ours.setLevel(logging.INFO)
+    polling = os.environ.get(POLLING_ENV, POLLING[0])
+    if polling not in POLLING:
+        cli.error(f"{POLLING_ENV} must be one of {', '.join(POLLING)}, got {polling!r}")
     run_config = get_fused_config_from_dir(APP_DIR, parse_config_args(args.run_config))
     if int(run_config["num-partitions"]) != args.num_supernodes:
         cli.error(
@@ -52,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     def _main(grid: Grid, context: Context) -> None:
         server_app.run(grid, run_config)
 
+    if polling == "index":
+        index_message_polling()
     run_simulation(
         server_app=app,
         client_app=client_app.app,

@@ -27,8 +27,21 @@ os.environ.update(
 
 
 # -- runs several modules read (see flower_runs.py) -------------------------------------------
+from collections.abc import Iterator  # noqa: E402
+
 import pytest  # noqa: E402  (after the environment above, as flwr must read it first)
 from flower_runs import ASTRAEA, FEDAVGM, finished  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+
+@pytest.fixture
+def flower_task() -> Iterator[None]:
+    """The run, node and task ids a ServerApp process has: Flower 1.41 stamps them on every
+    ``Message`` it builds."""
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """fedbalance's Flower strategy on real Flower messages: weights, rejections, record, config.
 
 Flower 1.41 only builds a ``Message`` inside a run (it stamps the run and task ids from the
-process's ``TaskIdentity``); the ``flower_task`` fixture sets those ids as a ServerApp process
+process's ``TaskIdentity``); the ``flower_task`` fixture (``conftest.py``) sets those ids as a ServerApp process
 has them, so these tests drive the strategy with the messages Flower itself would deliver.
 The end-to-end runs are in ``test_runs.py``.
 """
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 from torch.utils.data import TensorDataset
 
 from fl_adapters.config import ConfigError
@@ -26,14 +24,6 @@ from fl_adapters.flower.payload import make_reply, to_array_record
 from fl_adapters.flower.strategy import FedBalanceStrategy, strategy_from_run_config
 from fl_adapters.flower.trainer import evaluate_reply
 from fl_aggregators import ClientUpdate, FedLoss, FedMedian
-
-
-@pytest.fixture
-def flower_task() -> Iterator[None]:
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 
 @pytest.fixture
