@@ -23,18 +23,21 @@ processes), **evaluation** is the median excess of the rounds that follow an eva
 and **outside rounds** is the run's wall time outside the rounds
 (interpreter, data, partition, processes, the last evaluation, shut-down). **Peak memory** is
 the largest resident set of the run's processes. A host whose steady round does not grow
-with the clients that sit out has flat per-round cost.
+with the clients that sit out has flat per-round cost. Flower's simulation engine runs with
+fedbalance's polling by message (:mod:`fl_adapters.flower.engine`); the host
+``flower-stock-polling`` is the same run with Flower's own polling by node, for comparison.
 
 The side-by-side part runs the bundled Flower app at 10^3 and 10^4 SuperNodes with fedbalance's
 strategy and with Flower's own ``FedAvg`` doing the same work: once sending to the same nodes
-as fedbalance's seeded sampler, once with Flower's sampler (:func:`side_by_side`).
+as fedbalance's seeded sampler, once with Flower's sampler (:func:`side_by_side`), all three in
+the same engine (polling by message).
 
 The planning part times :func:`fl_aggregators.astraea_plan.assign_mediators` (the compiled
 screen) against the plain numpy greedy it replaced, on the same Dirichlet counts, in one
 process, and checks the two assignments are equal.
 
-    python -m fedbalance_benchmarks.scale [--sizes 100 1000 10000] [--hosts fedlab fedml-sp flower]
-        [--rounds 4] [--per-round 10] [--plan-sizes 1000 10000] [--plan-classes 47]
+    python -m fedbalance_benchmarks.scale [--sizes 100 1000 10000]
+        [--hosts fedlab fedml-sp flower flower-stock-polling] [--rounds 4] [--per-round 10] [--plan-sizes 1000 10000] [--plan-classes 47]
         [--side-by-side 1000 10000] [--side-by-side-rounds 10] [--side-by-side-repeats 5]
     fedbalance bench scale
 """
@@ -61,7 +64,11 @@ from fl_adapters._training import TRAIN_CLOCK
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "fedbalance bench scale"
-HOSTS = ("fedlab", "fedml-sp", "flower")
+#: ``flower-stock-polling``: Flower's simulation with Flower's own per-node message polling.
+HOSTS = ("fedlab", "fedml-sp", "flower", "flower-stock-polling")
+STOCK_POLLING = "flower-stock-polling"
+#: How the bundled app's simulation polls (``fedbalance_benchmarks.flower_app.simulate``).
+POLLING_ENV = "FEDBALANCE_FLOWER_POLLING"
 SIZES = (100, 1000, 10_000)
 ROUNDS, PER_ROUND = 4, 10
 #: Training samples per client: Fashion-MNIST's 60,000 over 10^4 clients.
@@ -92,7 +99,7 @@ sys.exit(code)
 def run_config(host: str, clients: int, rounds: int, per_round: int, seed: int) -> dict[str, Any]:
     """The ``fedbalance run`` config of one cell."""
     return {
-        "framework": host,
+        "framework": "flower" if host == STOCK_POLLING else host,
         "dataset": "fmnist",
         "partition": {"name": "iid"},
         "aggregator": "fedloss",
@@ -121,9 +128,10 @@ def measure(host: str, config: dict[str, Any], work: Path, timeout: float) -> di
     work.mkdir(parents=True, exist_ok=True)
     cfg_path, out = work / "run.yaml", work / "out"
     cfg_path.write_text(yaml.safe_dump(config))
-    python = flower_python() if host == "flower" else Path(sys.executable)
+    python = flower_python() if host.startswith("flower") else Path(sys.executable)
     clock = work / "train_clock.txt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", TRAIN_CLOCK: str(clock)}
+    env[POLLING_ENV] = "flower" if host == STOCK_POLLING else "index"
     started = time.perf_counter()
     try:
         done = subprocess.run(
@@ -228,12 +236,13 @@ def side_by_side(
         "rounds": rounds,
         "per_round": per_round,
         "repeats": repeats,
+        "polling": "index",
     }
     runs: dict[str, dict[str, list[float]]] = {
         s: {"strategy_s": [], "wall_s": [], "identify_s": []} for s in SIDE_STRATEGIES
     }
     env = {k: v for k, v in os.environ.items() if k != "FEDBALANCE_RECORD"}
-    env["OMP_NUM_THREADS"] = "1"
+    env.update({"OMP_NUM_THREADS": "1", POLLING_ENV: "index"})
     with tempfile.TemporaryDirectory(prefix="fedbalance-side-") as tmp:
         for rep in range(repeats):
             turn = rep % len(SIDE_STRATEGIES)
@@ -346,6 +355,16 @@ def report(record: dict[str, Any], out_dir: Path) -> str:
         "1 local epoch, FedLoss, seed 0; evaluation every second round and the last, on as many "
         "clients as train (the same rounds and clients on every host). Seconds are wall time on "
         "a shared 2-core machine (how each column is measured: the module's docstring).",
+        *(
+            [
+                "",
+                "Flower's simulation engine polls by message (`fl_adapters.flower.engine`); "
+                f"`{STOCK_POLLING}` is the same run with Flower's own polling, which asks its "
+                "link state for every virtual node's messages on each pass.",
+            ]
+            if any(r["host"] == STOCK_POLLING for r in record["hosts"])
+            else []
+        ),
         *(
             [
                 "",
@@ -521,11 +540,15 @@ def side_report(sides: list[dict[str, Any]]) -> list[str]:
         growth = ", ".join(
             f"{name} {_rounds_s(hi[k]) / _rounds_s(lo[k]):.2f}x" for k, name in SIDE_NAMES.items()
         )
+        why = (
+            " All three ran in the engine polling by message (`fl_adapters.flower.engine`)."
+            if hi.get("polling") == "index"
+            else " Flower's engine looks through its stored messages for every virtual node on "
+            "each polling pass, so every strategy's rounds grow with the nodes that sit out."
+        )
         notes.append(
             f"- The rounds from {lo['nodes']:,} to {hi['nodes']:,} nodes"
-            f"{' (without the asking)' if asked else ''}: {growth}. Flower's engine looks "
-            "through its stored messages for every virtual node on each polling pass, so every "
-            "strategy's rounds grow with the nodes that sit out."
+            f"{' (without the asking)' if asked else ''}: {growth}.{why}"
         )
     return [*lines, "", *notes]
 

@@ -16,6 +16,8 @@ def test_evaluated_rounds_and_sizes_are_the_runs() -> None:
     config = scale.run_config("flower", 1000, 4, 10, seed=0)
     assert (config["eval_every"], config["eval_fraction"]) == (2, 0.01)
     assert scale.run_config("fedml-sp", 1000, 4, 10, seed=0)["eval_fraction"] == 0.01
+    # Flower's own polling is the same Flower run; only the simulation's polling differs
+    assert scale.run_config(scale.STOCK_POLLING, 1000, 4, 10, seed=0) == config
 
 
 @pytest.mark.slow
@@ -50,6 +52,7 @@ def test_the_side_by_side_report_gives_medians_ranges_and_per_repeat_ratios() ->
     """Repeated side-by-side runs: the table shows each strategy's median and range, and each
     ratio (of medians, judged against the bound) gives its range repeat by repeat."""
     side: dict[str, object] = {"nodes": 1000, "rounds": 10, "per_round": 10, "repeats": 3}
+    side["polling"] = "index"
     side["same_model_max_abs"] = 1e-5
     for key, runs in [
         ("fedbalance", [10.0, 12.0, 11.0]),
@@ -68,6 +71,10 @@ def test_the_side_by_side_report_gives_medians_ranges_and_per_repeat_ratios() ->
         "Flower's sampler **1.10x** over the whole run (bound: 1.2x) (repeat by repeat 1.00-1.25x)"
         in text
     )
+    ten_thousand = {**side, "nodes": 10_000}
+    text = "\n".join(scale.side_report([side, ten_thousand]))
+    assert "fedbalance 1.00x, Flower FedAvg, same sampling 1.00x" in text
+    assert "All three ran in the engine polling by message" in text
 
 
 def test_a_rounds_training_counts_clients_that_train_at_once_once(tmp_path: Path) -> None:
