@@ -22,7 +22,8 @@ def test_evaluated_rounds_and_sizes_are_the_runs() -> None:
 
 @pytest.mark.slow
 def test_bench_scale_measures_each_size_and_rewrites_its_report(tmp_path: Path) -> None:
-    argv = ["--sizes", "12", "24", "--hosts", "fedlab", "--per-round", "4", "--side-by-side", "0"]
+    argv = ["--sizes", "12", "24", "--hosts", "fedlab", "--rounds", "4", "--per-round", "4"]
+    argv += ["--side-by-side", "0"]
     assert scale.main([*argv, "--plan-sizes", "100", "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "scale.json").read_text())
     assert [(r["host"], r["clients"]) for r in record["hosts"]] == [("fedlab", 12), ("fedlab", 24)]
@@ -41,7 +42,8 @@ def test_bench_scale_measures_each_size_and_rewrites_its_report(tmp_path: Path) 
     ]
     text = (tmp_path / "scale.md").read_text()
     assert (
-        "fedbalance bench scale --sizes 12 24 --hosts fedlab --per-round 4 --plan-sizes 100 "
+        "fedbalance bench scale --sizes 12 24 --hosts fedlab --rounds 4 --per-round 4 "
+        "--plan-sizes 100 "
         "--side-by-side 0" in text
     )
     assert scale.main(["--no-run", "--out", str(tmp_path)]) == 0
