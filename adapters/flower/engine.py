@@ -3,10 +3,10 @@
 Flower 1.41's simulation engine hands messages to its workers from one thread
 (``flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue``) that, every 0.1 s, asks
 the link state for one pending message *per virtual node*: at 10^4 nodes that is 10^4 lock
-acquisitions and scans of the stored messages per pass, whether or not a node has a message.
-The thread then holds the GIL for most of a core, and every round slows with the nodes that
-sit out (2.2x from 10^2 to 10^4 nodes in fedbalance's scale report, for Flower's own ``FedAvg``
-as much as for fedbalance's strategy).
+acquisitions and scans of the stored messages per pass, whether or not a node has a message,
+in a thread that competes with the round for the GIL. Every round slows with the nodes that
+sit out, for Flower's own ``FedAvg`` as much as for fedbalance's strategy (the scale report's
+``flower-stock-polling`` rows, ``fedbalance bench scale``).
 
 :func:`index_message_polling` swaps in a loop with the same contract -- each pass queues at
 most one undelivered message per registered node, the first stored, in the nodes' registration
