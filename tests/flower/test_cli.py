@@ -25,6 +25,10 @@ def test_fedbalance_run_on_flower_writes_metrics_and_summary(
     assert summary["rounds"] == 1 and summary["config"]["framework"] == "flower"
     assert summary["final_accuracy"] == rows[-1]["test_accuracy"] and summary["elapsed_s"] > 0
     assert {e["host"] for e in lines(out / "aggregations.jsonl")} == {"flower"}
+    # the engine polled by message (fl_adapters.flower.engine), and said so
+    log = (out / "flower-simulation.log").read_text()
+    assert "Flower's simulation engine polls its stored messages once a pass, not per node" in log
+    assert "its own message polling runs" not in log  # the in-memory state: no fallback
     # Seeded sampling: the clients drawn are the run's, not the global RNG's, so the longer run
     # of the same config (another process) began with the same round.
     longer = lines(fedavgm_whole / "out" / "metrics.jsonl")
