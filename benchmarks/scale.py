@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from fedbalance_benchmarks.flower_app import POLLING_ENV
 from fl_adapters._training import TRAIN_CLOCK
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -68,8 +69,6 @@ COMMAND = "fedbalance bench scale"
 #: ``flower-stock-polling``: Flower's simulation with Flower's own per-node message polling.
 HOSTS = ("fedlab", "fedml-sp", "flower", "flower-stock-polling")
 STOCK_POLLING = "flower-stock-polling"
-#: How the bundled app's simulation polls (``fedbalance_benchmarks.flower_app.simulate``).
-POLLING_ENV = "FEDBALANCE_FLOWER_POLLING"
 SIZES = (100, 1000, 10_000)
 #: Rounds of each run: every second one and the last are evaluated, so 10 rounds give five
 #: steady rounds to take the median of. 4 rounds gave two, too few: one 10^4-client Flower
@@ -132,7 +131,7 @@ def measure(host: str, config: dict[str, Any], work: Path, timeout: float) -> di
     work.mkdir(parents=True, exist_ok=True)
     cfg_path, out = work / "run.yaml", work / "out"
     cfg_path.write_text(yaml.safe_dump(config))
-    python = flower_python() if host.startswith("flower") else Path(sys.executable)
+    python = flower_python() if config["framework"] == "flower" else Path(sys.executable)
     clock = work / "train_clock.txt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", TRAIN_CLOCK: str(clock)}
     env[POLLING_ENV] = "flower" if host == STOCK_POLLING else "index"

@@ -79,7 +79,6 @@ def uv_arguments(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
 
 def uv() -> Path:
     """uv from ``.venv-uv``, installed there first if missing (one process at a time)."""
-    UV_VENV.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{UV_VENV}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         exe = UV_VENV / "bin" / "uv"

@@ -5,3 +5,8 @@ benchmarks/flower_app ...``); its components are this installed package's module
 import fedbalance like any user's app would. Needs Flower's environment (``fedbalance[flower,
 bench]``).
 """
+
+#: How the simulation's engine finds the messages for its virtual nodes (``simulate``):
+#: ``index`` (fedbalance's, one scan of the stored messages a pass, the default) or ``flower``
+#: (Flower's, one query per node). Here, not in ``simulate``: read without flwr installed.
+POLLING_ENV, POLLING = "FEDBALANCE_FLOWER_POLLING", ("index", "flower")

@@ -28,13 +28,10 @@ from flwr.common.config import get_fused_config_from_dir, parse_config_args
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
-from fedbalance_benchmarks.flower_app import client_app, server_app
+from fedbalance_benchmarks.flower_app import POLLING, POLLING_ENV, client_app, server_app
 from fl_adapters.flower.engine import index_message_polling
 
 APP_DIR = Path(__file__).resolve().parent
-#: How the engine finds the messages for its virtual nodes: ``index`` (fedbalance's, one scan
-#: of the stored messages a pass) or ``flower`` (Flower's, one per node).
-POLLING_ENV, POLLING = "FEDBALANCE_FLOWER_POLLING", ("index", "flower")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
