@@ -89,10 +89,18 @@ def test_sp_simulation_aggregates_with_fedloss(tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_mpi
 def test_mpi_simulation_aggregates_with_fedloss(tmp_path: Path) -> None:
-    rec = tmp_path / "rec.jsonl"
-    out = run_host(tmp_path, config(tmp_path, "mpi.yaml"), processes=3, FEDBALANCE_RECORD=str(rec))
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    check_fedloss_records(records(rec), "fedml-mpi", rounds=2)
+    """The shipped ``mpi.yaml`` launched by hand, with fedbalance's ``eval_every: 2`` beside
+    ``aggregator: fedloss``: FedLoss aggregates every round, and the server tests rounds 2 and
+    3 (the last), not FedML's own round 1 (index 0)."""
+    rec, cfg = tmp_path / "rec.jsonl", config(tmp_path, "mpi.yaml", comm_round=3)
+    doc = yaml.safe_load(cfg.read_text())
+    doc["validation_args"]["eval_every"] = 2
+    cfg.write_text(yaml.safe_dump(doc))
+    out = run_host(tmp_path, cfg, processes=3, FEDBALANCE_RECORD=str(rec))
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    check_fedloss_records(records(rec), "fedml-mpi", rounds=3)
+    assert re.findall(r"test_on_server_for_all_clients : (\d+)", log) == ["1", "2"]
 
 
 @pytest.mark.slow
