@@ -12,7 +12,8 @@ command; this keeps the whole run in one process tree.
 
 The engine polls by message, not by virtual node (:mod:`fl_adapters.flower.engine`), for every
 strategy; ``FEDBALANCE_FLOWER_POLLING=flower`` keeps Flower's own per-node polling (the scale
-benchmark compares the two).
+benchmark compares the two). ``FEDBALANCE_FLOWER_ACTORS=N`` runs the clients in exactly ``N``
+ClientApp actors (unset: one per CPU core, Flower's default).
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from flwr.common.config import get_fused_config_from_dir, parse_config_args
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
-from fedbalance_benchmarks.flower_app import POLLING, POLLING_ENV, client_app, server_app
+from fedbalance_benchmarks.flower_app import (
+    ACTORS_ENV,
+    POLLING,
+    POLLING_ENV,
+    backend_config,
+    client_app,
+    server_app,
+)
 from fl_adapters.flower.engine import index_message_polling
 
 APP_DIR = Path(__file__).resolve().parent
@@ -49,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     polling = os.environ.get(POLLING_ENV, POLLING[0])
     if polling not in POLLING:
         cli.error(f"{POLLING_ENV} must be one of {', '.join(POLLING)}, got {polling!r}")
+    try:
+        backend = backend_config(os.environ.get(ACTORS_ENV))
+    except ValueError as e:
+        cli.error(str(e))
     run_config = get_fused_config_from_dir(APP_DIR, parse_config_args(args.run_config))
     if int(run_config["num-partitions"]) != args.num_supernodes:
         cli.error(
@@ -67,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         server_app=app,
         client_app=client_app.app,
         num_supernodes=args.num_supernodes,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        backend_config=backend,
     )
 
 

@@ -1,6 +1,6 @@
 """Flower's tests leave the user's home alone: Flower's files and telemetry, Hugging Face's cache.
 
-Set at import, before any test module imports flwr or datasets (both read these once), and
+Set at import (with the simulations' actor count), before any test module imports flwr or datasets (both read these once), and
 inherited by every Flower process the tests start. ``run_deployment`` gives its processes a
 ``FLWR_HOME`` of their own on top.
 """
@@ -24,6 +24,10 @@ os.environ.update(
         "HF_HUB_OFFLINE": "1",
     }
 )
+# One ClientApp actor per simulation unless the environment says otherwise: these runs are a
+# few digits clients, and each further actor is a process that imports torch and loads the
+# data (about 10 CPU-s). The shared FedLoss simulation (test_runs.py) keeps Flower's default.
+os.environ.setdefault("FEDBALANCE_FLOWER_ACTORS", "1")
 
 
 # -- runs several modules read (see flower_runs.py) -------------------------------------------

@@ -19,6 +19,8 @@ import torch
 import yaml
 from helpers import WALL_TIMES
 
+from fedbalance_benchmarks.flower_app import ACTORS_ENV
+
 #: FedAvgM (server momentum: aggregator state) with 2 of 3 clients a round (the seeded
 #: sampler's state matters on resume), 2 rounds: the runs the resume and CLI tests read.
 FEDAVGM: dict[str, Any] = {
@@ -54,6 +56,7 @@ def fedbalance(
     work.mkdir(parents=True, exist_ok=True)
     (work / "run.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
+    env[ACTORS_ENV] = os.environ.get(ACTORS_ENV, "")  # the suite's actor count (conftest.py)
     argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out", *args]
     if not wait:
         return subprocess.Popen(

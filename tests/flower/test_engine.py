@@ -142,6 +142,22 @@ def test_the_simulation_refuses_an_unknown_polling_naming_the_choices() -> None:
     assert "FEDBALANCE_FLOWER_POLLING must be one of index, flower, got 'fast'" in done.stderr
 
 
+def test_the_actor_count_sets_rays_cpus_or_is_refused_naming_the_range() -> None:
+    """``FEDBALANCE_FLOWER_ACTORS``: unset or empty keeps Flower's default (Ray's own CPU
+    count, one per client); ``N`` gives Ray ``N`` CPUs, so ``N`` actors; anything else is
+    refused with the range (``simulate`` turns it into its usage error)."""
+    from fedbalance_benchmarks.flower_app import MAX_ACTORS, backend_config
+
+    default = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
+    assert backend_config(None) == backend_config("") == default
+    assert backend_config("1") == default | {"init_args": {"num_cpus": 1}}
+    assert backend_config(str(MAX_ACTORS))["init_args"] == {"num_cpus": MAX_ACTORS}
+    for bad in ("0", "-1", "1.5", "two", str(MAX_ACTORS + 1), "10" * 20):
+        with pytest.raises(ValueError, match=rf"FEDBALANCE_FLOWER_ACTORS must be a whole number "
+                           rf"of ClientApp actors in \[1, {MAX_ACTORS}\].*got '{bad}'"):  # fmt: skip
+            backend_config(bad)
+
+
 @pytest.mark.parametrize("nodes", [100, 10_000], ids=["1e2 nodes", "1e4 nodes"])
 def test_a_pass_reads_the_messages_not_the_nodes(nodes: int) -> None:
     """Work, not time: the pass touches the stored messages once, whatever the nodes."""

@@ -24,6 +24,7 @@ import pytest
 import torch
 from helpers import WALL_TIMES
 
+from fedbalance_benchmarks.flower_app import ACTORS_ENV
 from fedbalance_benchmarks.flower_app.task import model_of
 from fl_adapters._training import TRAIN_CLOCK
 from fl_adapters.flower.runner import run_deployment
@@ -55,6 +56,7 @@ def simulation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("simulation")
     record, clock = work / "record.jsonl", work / "clock.txt"
     env = {**os.environ, "FEDBALANCE_RECORD": str(record), TRAIN_CLOCK: str(clock)}
+    env.pop(ACTORS_ENV, None)  # Flower's default actors: this run is the one that keeps them
     argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
     argv += ["--num-supernodes", "2", "--run-config", f"{RUN_CONFIG} out-dir='{work / 'out'}'"]
     proc = subprocess.Popen(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
-from fedbalance_benchmarks.flower_app import client_app, server_app
+from fedbalance_benchmarks.flower_app import ACTORS_ENV, backend_config, client_app, server_app
 from fedbalance_benchmarks.flower_app.task import CLIENT_KEYS, model_of
 from fl_adapters.flower.payload import to_array_record, to_state_dict
 from fl_adapters.flower.secure import SecAggPlusStrategy, secagg_mod
@@ -130,5 +131,5 @@ if __name__ == "__main__":
         server_app=server,
         client_app=clients,
         num_supernodes=args.nodes,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        backend_config=backend_config(os.environ.get(ACTORS_ENV)),
     )
