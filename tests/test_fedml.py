@@ -101,6 +101,8 @@ def test_mpi_simulation_aggregates_with_fedloss(tmp_path: Path) -> None:
     assert out.returncode == 0, log[-3000:]
     check_fedloss_records(records(rec), "fedml-mpi", rounds=3)
     assert re.findall(r"test_on_server_for_all_clients : (\d+)", log) == ["1", "2"]
+    # one accuracy a tested round: what `fedbalance run` maps to rounds 2 and 3 (collect_rows)
+    assert len(final_test_metrics(log)) == 2
 
 
 @pytest.mark.slow
