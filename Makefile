@@ -88,11 +88,13 @@ lint: setup
 	$(PY) -m mypy
 
 # The main suite and a side lane (the Flower suite, then ruff and mypy and the docs) run side by
-# side. Alone, on 2 cores, the main suite took 620 s (1,065 CPU-s: mostly FedML processes, 6 s of
-# `import fedml` each) and the Flower suite 527 s (714 CPU-s: Ray, SuperLink, SuperNodes); side
-# by side, in three clean-clone runs, both were done 974-997 s after the main suite began. The side
-# lane's output goes to .flower-tests.log, shown when both are done; the target fails if either
-# does. Each lane says after how many seconds it finished.
+# side. Run one test at a time on 2 cores, the main suite's tests took 1,465 CPU-s (the machine's,
+# not only the test process's: mostly FedML processes, 7.7 CPU-s of `import fedml` each) and the
+# Flower suite's 684 CPU-s (Ray, SuperLink, SuperNodes, a ClientApp process per message); in a
+# clean-clone `make test` (336912d) the side lane was done 1,219 s and the main suite 1,331 s after
+# it began, both cores busy throughout. FEDBALANCE_TEST_CPU=FILE logs each test's CPU (conftest).
+# The side lane's output goes to .flower-tests.log, shown when both are done; the target fails if
+# either does. Each lane says after how many seconds it finished.
 # --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
 # and installed-wheel runs) while the other sat idle for 280 s of a 636 s run; a worker that runs
 # out now takes half of the other's queue.

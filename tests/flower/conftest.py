@@ -1,8 +1,8 @@
 """Flower's tests leave the user's home alone: Flower's files and telemetry, Hugging Face's cache.
 
-Set at import (with the simulations' actor count), before any test module imports flwr or datasets (both read these once), and
+Set at import, before any test module imports flwr or datasets (both read these once), and
 inherited by every Flower process the tests start. ``run_deployment`` gives its processes a
-``FLWR_HOME`` of their own on top.
+``FLWR_HOME`` of their own on top. The simulations' actor count is set here too.
 """
 
 from __future__ import annotations
