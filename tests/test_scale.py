@@ -43,8 +43,7 @@ def test_bench_scale_measures_each_size_and_rewrites_its_report(tmp_path: Path) 
     text = (tmp_path / "scale.md").read_text()
     assert (
         "fedbalance bench scale --sizes 12 24 --hosts fedlab --rounds 4 --per-round 4 "
-        "--plan-sizes 100 "
-        "--side-by-side 0" in text
+        "--plan-sizes 100 --side-by-side 0" in text
     )
     assert scale.main(["--no-run", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "scale.md").read_text() == text

@@ -30,7 +30,7 @@ def backend_config(actors: str | None) -> dict[str, Any]:
     config: dict[str, Any] = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
     if actors is None or actors == "":
         return config
-    if not (actors.strip().isdigit() and 1 <= int(actors) <= MAX_ACTORS):
+    if not (actors.strip().isdecimal() and 1 <= int(actors) <= MAX_ACTORS):
         raise ValueError(
             f"{ACTORS_ENV} must be a whole number of ClientApp actors in [1, {MAX_ACTORS}] (or "
             f"unset for one per CPU core), got {actors!r}"

@@ -152,7 +152,7 @@ def test_the_actor_count_sets_rays_cpus_or_is_refused_naming_the_range() -> None
     assert backend_config(None) == backend_config("") == default
     assert backend_config("1") == default | {"init_args": {"num_cpus": 1}}
     assert backend_config(str(MAX_ACTORS))["init_args"] == {"num_cpus": MAX_ACTORS}
-    for bad in ("0", "-1", "1.5", "two", str(MAX_ACTORS + 1), "10" * 20):
+    for bad in ("0", "-1", "1.5", "two", "\u00b2", str(MAX_ACTORS + 1), "10" * 20):
         with pytest.raises(ValueError, match=rf"FEDBALANCE_FLOWER_ACTORS must be a whole number "
                            rf"of ClientApp actors in \[1, {MAX_ACTORS}\].*got '{bad}'"):  # fmt: skip
             backend_config(bad)
