@@ -7,8 +7,10 @@ PY      := $(VENV)/bin/python
 # torch/torchvision are served from this project's machines' local disk at these versions;
 # override on other machines, e.g. `make TORCH_SPEC='torch torchvision' test`.
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
-# chromium + chromium-driver: the docs site's browser test (tests/docs_site).
-APT_PACKAGES := openmpi-bin libopenmpi-dev dataset-fashion-mnist chromium chromium-driver
+# OpenMPI (mpi4py's build, the MPI runs) and Fashion-MNIST: `make setup`. Chromium and its
+# driver drive the docs site's browser test (tests/docs_site) and only that: `make test-docs`.
+APT_PACKAGES := openmpi-bin libopenmpi-dev dataset-fashion-mnist
+BROWSER_APT_PACKAGES := chromium chromium-driver
 PYTEST_ARGS ?=
 # Installs go through uv where it can be had (parallel: in clean-clone runs of `make test` the
 # main environment was ready after 118 s, against pip's 232 s), with pip's own settings carried
@@ -27,19 +29,28 @@ DOCS_VENV ?= .venv-docs
 DOCS_SPEC := mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 mkdocstrings-python==2.0.11 \
 	mkdocs-autorefs==1.4.5 pymdown-extensions==13.1.2 griffelib==2.4.1 selenium==4.51.0 pytest==9.2.0 pytest-timeout==2.4.0
 
-.PHONY: setup setup-flower system-deps demo test test-flower test-docs docs test-fast test-cuda fuzz lint bench-perf clean
+.PHONY: setup setup-flower system-deps browser-deps demo test test-flower test-docs docs test-fast test-cuda fuzz lint bench-perf clean
 
 setup: system-deps $(VENV)/.installed
 
-system-deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# $(call apt_install,PACKAGES,WHAT THEY ARE FOR): installs those not installed yet, as root where
+# apt-get exists; elsewhere says which are missing.
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "installing Debian packages:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	else \
-		echo "note: not root or no apt-get; install these for MPI runs and Fashion-MNIST:$$missing"; \
+		echo "note: not root or no apt-get; install these for $(2):$$missing"; \
 	fi
+endef
+
+system-deps:
+	$(call apt_install,$(APT_PACKAGES),MPI runs and Fashion-MNIST)
+
+browser-deps:
+	$(call apt_install,$(BROWSER_APT_PACKAGES),the docs site's browser test)
 
 # torch first, on its own stamp: Flower's environment links it from here (tests/stacks.py) while
 # the rest installs. `packaging`: tests/stacks.py reads requirements with it.
@@ -76,7 +87,7 @@ docs: setup $(DOCS_VENV)/.installed
 
 # The built site in headless Chromium (tests/docs_site); the README's and pages' runnable
 # blocks are tests of the main suite (tests/test_docs.py).
-test-docs: docs
+test-docs: docs browser-deps
 	$(DOCS_VENV)/bin/python -m pytest tests/docs_site --confcutdir=tests/docs_site -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: setup
@@ -103,11 +114,16 @@ lint: setup
 # waiting for the other two as well held it up 25-67 s in clean-clone runs. Lint and the docs
 # need $(VENV) and the docs environment, so the side lane runs them last, once both say they are
 # done (.setup.rc, .docs-setup.rc); a failed install fails the target after the other lane ends.
+# On a fresh machine apt runs off the main suite's path: OpenMPI and Fashion-MNIST install beside
+# torch (-j2; neither needs the other, and mpi4py's build after both needs mpicc), Chromium only
+# when the side lane reaches the browser test (chromium, chromium-common and chromium-driver
+# alone are 121 MB of packages; all of them, with their dependencies, were 177 Debian packages
+# and 30 s of apt-get install on this machine when it was fresh).
 test:
 	@rm -f .flower-tests.rc .setup.rc .docs-setup.rc; start=$$(date +%s); \
 	( $(MAKE) --no-print-directory $(DOCS_VENV)/.installed > .side-setup.log 2>&1; \
 		echo $$? > .docs-setup.rc ) & \
-	$(MAKE) --no-print-directory system-deps $(VENV)/.torch || { wait; exit 1; }; \
+	$(MAKE) --no-print-directory -j2 system-deps $(VENV)/.torch || { wait; exit 1; }; \
 	( { $(MAKE) --no-print-directory test-flower; flower=$$?; \
 		until [ -e .setup.rc ] && [ -e .docs-setup.rc ]; do sleep 2; done; cat .side-setup.log; \
 		if [ "$$(cat .setup.rc)$$(cat .docs-setup.rc)" = 00 ]; then \
