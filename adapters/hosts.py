@@ -63,9 +63,9 @@ class HostSpec:
 
 
 def _run_fedlab(config: RunConfig, out: Path, options: RunOptions) -> dict[str, Any]:
-    from fl_adapters.fedlab.runner import run_distributed, run_standalone
+    if config.framework == "fedlab-distributed":  # the launcher alone: no FedLab, no torch
+        from fl_adapters.fedlab.launch import run_distributed
 
-    if config.framework == "fedlab-distributed":
         return run_distributed(
             config,
             out,
@@ -73,6 +73,8 @@ def _run_fedlab(config: RunConfig, out: Path, options: RunOptions) -> dict[str, 
             config_path=options.config_path,
             resume=options.resume,
         )
+    from fl_adapters.fedlab.runner import run_standalone
+
     return run_standalone(config, out, progress=options.progress, resume=options.resume)
 
 

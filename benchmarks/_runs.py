@@ -60,7 +60,7 @@ def run_one(cfg: dict[str, Any], out_dir: str, hook: Any = None) -> dict[str, An
     if config.framework == "fedlab-distributed":  # a server and 2 client processes, 1 thread each
         import dataclasses
 
-        from fl_adapters.fedlab.runner import run_distributed
+        from fl_adapters.fedlab.launch import run_distributed
         from fl_adapters.processes import free_ports
 
         # Parallel workers' runs must not share FedLab's default port.

@@ -110,7 +110,7 @@ def astraea_config(**overrides: Any):
 def test_fedlab_cross_process_refuses_a_process_count_it_cannot_fill(
     processes: int, tmp_path: Path
 ) -> None:
-    from fl_adapters.fedlab.runner import run_distributed
+    from fl_adapters.fedlab.launch import run_distributed
 
     started = time.monotonic()
     with pytest.raises(ValueError, match=rf"between 1 and num_clients=8 .* got {processes}"):
@@ -150,7 +150,8 @@ def test_fedlab_cross_process_astraea_matches_standalone(tmp_path: Path, monkeyp
     import torch
 
     from fl_adapters.checkpoint import Checkpoint
-    from fl_adapters.fedlab.runner import run_distributed, run_standalone
+    from fl_adapters.fedlab.launch import run_distributed
+    from fl_adapters.fedlab.runner import run_standalone
 
     monkeypatch.setenv("FEDBALANCE_RECORD", str(tmp_path / "sa.jsonl"))
     run_standalone(astraea_config(), tmp_path / "sa", progress=False)

@@ -6,17 +6,12 @@ from a :class:`~fl_adapters.config.RunConfig` and, after every aggregation, eval
 global model on all clients' test splits (weighted by size, as the thesis does), appends
 a line to ``metrics.jsonl`` and writes ``checkpoint.pt`` (:mod:`fl_adapters.checkpoint`).
 ``resume=True`` continues a stopped run from that checkpoint and ends on the same model as
-an uninterrupted run. In a cross-process run the launcher watches every process: when one
-dies, it stops the others and says which checkpoint to resume from.
+an uninterrupted run. A cross-process run's launcher is :mod:`fl_adapters.fedlab.launch`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,15 +26,14 @@ from fl_adapters.checkpoint import (
     check_plan,
     recording_to,
     restore_sampler,
-    resume_hint,
     sampler_state,
 )
-from fl_adapters.config import RunConfig, RunFailed
+from fl_adapters.config import RunConfig
 from fl_adapters.experiment import is_mediated, json_line, metric_prefix, run_summary, training_data
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
+from fl_adapters.fedlab.launch import check_processes, load_checkpoint
 from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
-from fl_adapters.processes import watch
 from fl_adapters.rundir import RunFiles
 from fl_aggregators import AggregationResult
 from fl_aggregators.astraea_plan import client_kl, mediator_kl
@@ -262,15 +256,6 @@ def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandl
     return FedBalanceServerHandler(exp.model, rounds, ratio, **kwargs)
 
 
-def load_checkpoint(config: RunConfig, out_dir: Path) -> Checkpoint:
-    """The checkpoint in ``out_dir``, checked against ``config``."""
-    path = RunFiles(out_dir).checkpoint
-    ckpt = Checkpoint.load(path)
-    ckpt.check_host("fedlab", path)
-    ckpt.check_config(config.to_dict(), path)
-    return ckpt
-
-
 def restore(handler: FedBalanceServerHandler, ckpt: Checkpoint) -> None:
     """Put ``handler`` (model, round, aggregator state, sampler) where ``ckpt`` left it."""
     from fedlab.utils import SerializationTool
@@ -463,63 +448,3 @@ def run_client(
         trainer.participations = {c: k for c, k in ckpt.participations.items() if c in ids}
     network = DistNetwork((host, str(config.port)), world_size=world_size, rank=rank)
     manager_cls(trainer=trainer, network=network).run()
-
-
-def check_processes(config: RunConfig, client_processes: int) -> None:
-    """A cross-process run needs 1 <= client processes <= num_clients (each holds a client)."""
-    if not 1 <= client_processes <= config.num_clients:
-        raise ParameterError(
-            f"a cross-process run needs between 1 and num_clients={config.num_clients} client "
-            f"processes (each simulates at least one client), got {client_processes}"
-        )
-
-
-def run_distributed(
-    config: RunConfig,
-    out_dir: Path,
-    client_processes: int = 2,
-    config_path: Path | None = None,
-    timeout: float = 3600,
-    resume: bool = False,
-) -> dict[str, Any]:
-    """Launch one server and ``client_processes`` client processes on 127.0.0.1 and wait.
-
-    If any process dies, the others are stopped and the error names the checkpoint of the
-    last completed round; ``resume=True`` continues from it.
-    """
-    check_processes(config, client_processes)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = RunFiles(out_dir)
-    if resume:
-        load_checkpoint(config, out_dir)  # refused before any process starts
-    if config_path is None:
-        import yaml
-
-        config_path = out_dir / "config.yaml"
-        config_path.write_text(yaml.safe_dump(config.to_dict()))
-    world = client_processes + 1
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, "-m", "fl_adapters.cli"]
-    server = [
-        *base,
-        "fedlab-server",
-        str(config_path),
-        "--out",
-        str(out_dir),
-        "--world-size",
-        str(world),
-        "--no-progress",
-    ]
-    client = [*base, "fedlab-client", str(config_path), "--world-size", str(world)]
-    if resume:
-        server.append("--resume")
-        client += ["--resume-from", str(files.checkpoint)]
-    procs = [("server", subprocess.Popen(server, env=env))]  # it aggregates and records
-    procs += [
-        (f"client process rank {r}", subprocess.Popen([*client, "--rank", str(r)], env=env))
-        for r in range(1, world)
-    ]
-    failed = watch(procs, timeout)  # server first: its death explains the clients'
-    if failed is not None:
-        raise RunFailed(f"fedlab-distributed: {failed}{resume_hint(out_dir)}")
-    return json.loads(files.summary.read_text())
