@@ -66,6 +66,23 @@ def _float(name: str, value: Any, low: float, *, strict: bool = True) -> float:
     return float(value)
 
 
+def check_eval_keys(
+    every: Any, fraction: Any, keys: tuple[str, str] = ("eval_every", "eval_fraction")
+) -> None:
+    """How often (``eval_every``) and on what share of the clients (``eval_fraction``) a run
+    evaluates, checked in the same words on every host; ``keys``: the host's names for them."""
+    _int(keys[0], every, 1)
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, (int, float))
+        or not 0 < fraction <= 1
+    ):
+        raise ConfigError(
+            f"{keys[1]} must be a number in (0, 1] (the share of clients evaluated), "
+            f"got {brief(fraction)}"
+        )
+
+
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
@@ -160,13 +177,7 @@ class RunConfig:
         _float("lr", self.lr, 0.0)
         _int("batch_size", self.batch_size, 1)
         _int("seed", self.seed, 0, MAX_SEED)
-        _int("eval_every", self.eval_every, 1)
-        _float("eval_fraction", self.eval_fraction, 0.0)
-        if self.eval_fraction > 1.0:
-            raise ConfigError(
-                f"eval_fraction must be in (0, 1] (the share of clients evaluated), got "
-                f"{self.eval_fraction!r}"
-            )
+        check_eval_keys(self.eval_every, self.eval_fraction)
         if self.eval_fraction < 1.0 and self.eval_data == "test":
             raise ConfigError(
                 "eval_fraction samples clients: it is for eval_data: clients or val, not test "

@@ -25,6 +25,7 @@ from fl_adapters.config import ConfigError, RunConfig
         ("partition", 3, "partition must be a mapping with a 'name', got 3"),
         ("aggregator_args", [1], "aggregator_args must be a mapping, got [1]"),
         ("batch_size", True, "batch_size must be an int >= 1, got True"),
+        ("eval_every", 0, "eval_every must be an int >= 1, got 0"),
     ],
     ids=lambda v: str(v)[:20],
 )
@@ -42,16 +43,17 @@ def test_flower_evaluates_on_the_clients() -> None:
     assert (cfg.eval_every, cfg.eval_fraction) == (2, 0.5)
 
 
+#: The one wording of a bad eval_fraction on every host (fl_adapters.config.check_eval_keys).
+SHARE = "eval_fraction must be a number in (0, 1] (the share of clients evaluated)"
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"eval_fraction": 0}, "eval_fraction must be a finite float > 0.0, got 0"),
-        (
-            {"eval_fraction": 1.5},
-            "eval_fraction must be in (0, 1] (the share of clients evaluated), got 1.5",
-        ),
-        ({"eval_fraction": float("nan")}, "eval_fraction must be a finite float > 0.0, got nan"),
-        ({"eval_fraction": "half"}, "eval_fraction must be a finite float > 0.0, got 'half'"),
+        *[
+            ({"eval_fraction": bad}, f"{SHARE}, got {shown}")
+            for bad, shown in [(0, "0"), (1.5, "1.5"), (float("nan"), "nan"), ("half", "'half'")]
+        ],
         (
             {"eval_fraction": 0.5, "eval_data": "test"},
             "eval_fraction samples clients: it is for eval_data: clients or val",

@@ -31,9 +31,10 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from fl_adapters._training import evaluate, stream_seed, training_clock
+from fl_adapters.config import check_eval_keys
 from fl_adapters.fedml.payload import attach, decode, strip
 from fl_aggregators import Aggregator
-from fl_partitions.params import ParameterError, check_float, check_positive_int, shown
+from fl_partitions.params import ParameterError, shown
 
 if TYPE_CHECKING:
     from fl_adapters.astraea import RebalancedCache
@@ -335,14 +336,9 @@ def evaluation(args: Any) -> Evaluation | None:
     every, fraction = getattr(args, "eval_every", None), getattr(args, "eval_fraction", None)
     if every is None and fraction is None:
         return None
-    if fraction is None:
-        fraction = 1.0
-    elif check_float("eval_fraction", fraction, 0.0, 1.0, note="and > 0") == 0:
-        raise ParameterError(
-            f"eval_fraction must be a finite float in (0, 1], got {shown(fraction)}"
-        )
-    every = 1 if every is None else check_positive_int("eval_every", every)
-    return Evaluation(every, fraction)
+    every, fraction = 1 if every is None else every, 1.0 if fraction is None else fraction
+    check_eval_keys(every, fraction)
+    return Evaluation(every, float(fraction))
 
 
 def check_evaluation(args: Any, host: str) -> None:

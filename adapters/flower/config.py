@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fl_adapters.config import ConfigError
+from fl_adapters.config import ConfigError, check_eval_keys
 from fl_adapters.inputs import InputError, brief, load_json
 
 AGGREGATOR_KEY = "aggregator"
@@ -114,19 +114,12 @@ def parse_run_config(run_config: Mapping[str, Any]) -> AppConfig:
                 f"got {value!r} ({type(value).__name__})"
             )
         paths[key] = value.strip()
-    every = run_config.get(EVAL_EVERY_KEY, 1)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ConfigError(f"{WHERE} {EVAL_EVERY_KEY} must be an int >= 1, got {every!r}")
-    fraction = run_config.get(EVAL_FRACTION_KEY)
-    if fraction is not None and (
-        isinstance(fraction, bool)
-        or not isinstance(fraction, (int, float))
-        or not 0.0 < fraction <= 1.0
-    ):
-        raise ConfigError(
-            f"{WHERE} {EVAL_FRACTION_KEY} must be a number in (0, 1] (the share of nodes that "
-            f"evaluate), got {fraction!r}"
-        )
+    every, fraction = run_config.get(EVAL_EVERY_KEY, 1), run_config.get(EVAL_FRACTION_KEY)
+    check_eval_keys(  # no eval-fraction: Flower's fraction_evaluate
+        every,
+        1.0 if fraction is None else fraction,
+        (f"{WHERE} {EVAL_EVERY_KEY}", f"{WHERE} {EVAL_FRACTION_KEY}"),
+    )
     return AppConfig(
         aggregator=name.strip(),
         aggregator_args=args,

@@ -216,9 +216,33 @@ def test_plain_strategy_refuses_astraea_with_mediators() -> None:
         FedBalanceStrategy("astraea")
 
 
+#: fl_adapters.config.check_eval_keys, as RunConfig and FedML's validation_args say it.
+SHARE = "(the share of clients evaluated)"
+
+
 def test_defaults_when_the_app_sets_nothing() -> None:
     cfg = parse_run_config({})
     assert (cfg.aggregator, cfg.aggregator_args, cfg.seed) == ("fedavg", {}, 0)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("eval-every", 0, "eval-every must be an int >= 1, got 0"),
+        ("eval-every", True, "eval-every must be an int >= 1, got True"),
+        *[
+            ("eval-fraction", bad, f"eval-fraction must be a number in (0, 1] {SHARE}, got {bad!r}")
+            for bad in (0, 1.5, float("nan"), "half")
+        ],
+    ],
+    ids=["every-zero", "every-bool", "fraction-zero", "above-one", "nan", "string"],
+)
+def test_the_evaluation_keys_are_refused_in_the_words_of_every_host(
+    key: str, value: object, message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({key: value})
+    assert str(err.value) == f"[tool.flwr.app.config] {message}"
 
 
 # -- the version check ----------------------------------------------------------------------
