@@ -37,16 +37,6 @@ EVAL_EVERY_KEY = "eval-every"
 #: The share of nodes that evaluate a round, drawn per round from the seed (1.0: every node;
 #: absent: Flower's ``fraction_evaluate``).
 EVAL_FRACTION_KEY = "eval-fraction"
-#: The keys fedbalance owns in a Flower app's run config (others belong to the app).
-KEYS = (
-    AGGREGATOR_KEY,
-    ARGS_KEY,
-    SEED_KEY,
-    CHECKPOINT_KEY,
-    RESUME_KEY,
-    EVAL_EVERY_KEY,
-    EVAL_FRACTION_KEY,
-)
 WHERE = "[tool.flwr.app.config]"
 
 
