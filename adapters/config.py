@@ -6,13 +6,20 @@ and what was given, before any data is loaded or process started.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from fl_adapters.hosts import BUILTIN_HOSTS
 from fl_adapters.inputs import InputError, brief, check_tree, load_yaml
-from fl_partitions.params import FedbalanceError, ParameterError
+from fl_partitions.params import (
+    FedbalanceError,
+    ParameterError,
+    check_int_range,
+    check_positive_float,
+    check_positive_int,
+)
 
 DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
 MODELS = ("thesis_cnn", "astraea_cnn")
@@ -40,30 +47,13 @@ class ConfigError(ParameterError):
 MAX_SEED = 2**32 - 1
 
 
-def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ConfigError(f"{name} must be an int {allowed}, got {brief(value)}")
-    return value
-
-
-def _float(name: str, value: Any, low: float, *, strict: bool = True) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if (
-        not ok
-        or value != value
-        or (value <= low if strict else value < low)
-        or value == float("inf")
-    ):
-        raise ConfigError(
-            f"{name} must be a finite float {'>' if strict else '>='} {low}, got {brief(value)}"
-        )
-    return float(value)
+def check_value(check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A check of :mod:`fl_partitions.params` (one wording for every parameter fedbalance
+    takes), its refusal raised as a :class:`ConfigError`."""
+    try:
+        return check(*args, **kwargs)
+    except ParameterError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_eval_keys(
@@ -71,7 +61,7 @@ def check_eval_keys(
 ) -> None:
     """How often (``eval_every``) and on what share of the clients (``eval_fraction``) a run
     evaluates, checked in the same words on every host; ``keys``: the host's names for them."""
-    _int(keys[0], every, 1)
+    check_value(check_positive_int, keys[0], every)
     if (
         isinstance(fraction, bool)
         or not isinstance(fraction, (int, float))
@@ -166,17 +156,17 @@ class RunConfig:
             raise ConfigError(
                 f"aggregator_args must be a mapping, got {brief(self.aggregator_args)}"
             )
-        _int("num_clients", self.num_clients, 1)
-        _int("clients_per_round", self.clients_per_round, 1)
+        check_value(check_positive_int, "num_clients", self.num_clients)
+        check_value(check_positive_int, "clients_per_round", self.clients_per_round)
         if self.clients_per_round > self.num_clients:
             raise ConfigError(
                 f"clients_per_round must be between 1 and num_clients={self.num_clients}, got {self.clients_per_round}"
             )
-        _int("rounds", self.rounds, 1)
-        _int("local_epochs", self.local_epochs, 1)
-        _float("lr", self.lr, 0.0)
-        _int("batch_size", self.batch_size, 1)
-        _int("seed", self.seed, 0, MAX_SEED)
+        check_value(check_positive_int, "rounds", self.rounds)
+        check_value(check_positive_int, "local_epochs", self.local_epochs)
+        check_value(check_positive_float, "lr", self.lr)
+        check_value(check_positive_int, "batch_size", self.batch_size)
+        check_value(check_int_range, "seed", self.seed, 0, MAX_SEED)
         check_eval_keys(self.eval_every, self.eval_fraction)
         if self.eval_fraction < 1.0 and self.eval_data == "test":
             raise ConfigError(
@@ -189,9 +179,9 @@ class RunConfig:
                 f"test set there (one evaluation, not the clients' splits); got "
                 f"{self.eval_fraction!r}"
             )
-        _int("port", self.port, 1024, 65535)
+        check_value(check_int_range, "port", self.port, 1024, 65535)
         if self.max_samples is not None:
-            _int("max_samples", self.max_samples, 1)
+            check_value(check_positive_int, "max_samples", self.max_samples)
         if (
             not isinstance(self.split, (list, tuple))
             or len(self.split) != 3

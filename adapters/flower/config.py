@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fl_adapters.config import ConfigError, check_eval_keys
+from fl_adapters.config import ConfigError, check_eval_keys, check_value
 from fl_adapters.inputs import InputError, brief, load_json
+from fl_partitions.params import check_positive_int
 
 AGGREGATOR_KEY = "aggregator"
 ARGS_KEY = "aggregator-args"
@@ -92,9 +93,9 @@ def parse_run_config(run_config: Mapping[str, Any]) -> AppConfig:
         raise ConfigError(str(e)) from None
     if not isinstance(args, dict):
         raise ConfigError(f"{WHERE} {ARGS_KEY} must be a JSON object, got {brief(raw)}")
-    seed = run_config.get(SEED_KEY, 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"{WHERE} {SEED_KEY} must be an int >= 0, got {seed!r}")
+    seed = check_value(
+        check_positive_int, f"{WHERE} {SEED_KEY}", run_config.get(SEED_KEY, 0), minimum=0
+    )
     paths = {}
     for key in (CHECKPOINT_KEY, RESUME_KEY):
         value = run_config.get(key, "")
