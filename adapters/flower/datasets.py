@@ -39,7 +39,7 @@ from datasets import Dataset
 from flwr_datasets.partitioner import Partitioner as FlowerPartitioner
 
 from fl_partitions import Partition, Partitioner
-from fl_partitions.params import ParameterError
+from fl_partitions.params import ParameterError, check_positive_float, check_positive_int
 from fl_partitions.partition import DEFAULT_SPLIT, SPLIT_NAMES
 from fl_partitions.transforms import noise_block
 
@@ -76,17 +76,8 @@ class FedBalancePartitioner(FlowerPartitioner):
         pixel_scale: float = 1.0,
     ) -> None:
         super().__init__()
-        if (
-            isinstance(pixel_scale, bool)
-            or not isinstance(pixel_scale, (int, float))
-            or not np.isfinite(pixel_scale)
-            or pixel_scale <= 0
-        ):
-            raise ParameterError(f"pixel_scale must be a finite float > 0, got {pixel_scale!r}")
-        if isinstance(num_partitions, bool) or not isinstance(num_partitions, int):
-            raise ParameterError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
-        if num_partitions < 1:
-            raise ParameterError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
+        check_positive_float("pixel_scale", pixel_scale)
+        check_positive_int("num_partitions", num_partitions)
         if isinstance(partitioner, Partitioner):
             self.partitioner = partitioner
         else:

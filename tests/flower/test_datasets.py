@@ -107,14 +107,17 @@ def test_federated_dataset_serves_the_same_partitions(digits: Dataset, tmp_path:
     ("kwargs", "message"),
     [
         ({"num_partitions": 0}, "num_partitions must be an int >= 1, got 0"),
+        ({"num_partitions": True}, "num_partitions must be an int >= 1, got True"),
+        ({"pixel_scale": 0}, "pixel_scale must be a finite float > 0, got 0"),
+        ({"pixel_scale": float("inf")}, "pixel_scale must be a finite float > 0, got inf"),
         ({"partitioner": "dirichlet"}, "unknown partitioner 'dirichlet'"),
     ],
-    ids=["zero-partitions", "unknown-scheme"],
+    ids=["zero-partitions", "bool-partitions", "zero-scale", "infinite-scale", "unknown-scheme"],
 )
 def test_bad_arguments_name_the_parameter(kwargs: dict[str, object], message: str) -> None:
     args = {"num_partitions": 3, "partitioner": "iid", **kwargs}
     with pytest.raises(ValueError, match=message):
-        FedBalancePartitioner(args.pop("num_partitions"), args.pop("partitioner"))  # type: ignore[arg-type]
+        FedBalancePartitioner(args.pop("num_partitions"), args.pop("partitioner"), **args)  # type: ignore[arg-type]
 
 
 def test_partition_id_out_of_range_is_an_error(digits: Dataset) -> None:
