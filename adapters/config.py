@@ -156,17 +156,19 @@ class RunConfig:
             raise ConfigError(
                 f"aggregator_args must be a mapping, got {brief(self.aggregator_args)}"
             )
-        check_value(check_positive_int, "num_clients", self.num_clients)
-        check_value(check_positive_int, "clients_per_round", self.clients_per_round)
+        self.num_clients = check_value(check_positive_int, "num_clients", self.num_clients)
+        self.clients_per_round = check_value(
+            check_positive_int, "clients_per_round", self.clients_per_round
+        )
         if self.clients_per_round > self.num_clients:
             raise ConfigError(
                 f"clients_per_round must be between 1 and num_clients={self.num_clients}, got {self.clients_per_round}"
             )
-        check_value(check_positive_int, "rounds", self.rounds)
-        check_value(check_positive_int, "local_epochs", self.local_epochs)
-        check_value(check_positive_float, "lr", self.lr)
-        check_value(check_positive_int, "batch_size", self.batch_size)
-        check_value(check_int_range, "seed", self.seed, 0, MAX_SEED)
+        self.rounds = check_value(check_positive_int, "rounds", self.rounds)
+        self.local_epochs = check_value(check_positive_int, "local_epochs", self.local_epochs)
+        self.lr = check_value(check_positive_float, "lr", self.lr)
+        self.batch_size = check_value(check_positive_int, "batch_size", self.batch_size)
+        self.seed = check_value(check_int_range, "seed", self.seed, 0, MAX_SEED)
         check_eval_keys(self.eval_every, self.eval_fraction)
         if self.eval_fraction < 1.0 and self.eval_data == "test":
             raise ConfigError(
@@ -179,9 +181,9 @@ class RunConfig:
                 f"test set there (one evaluation, not the clients' splits); got "
                 f"{self.eval_fraction!r}"
             )
-        check_value(check_int_range, "port", self.port, 1024, 65535)
+        self.port = check_value(check_int_range, "port", self.port, 1024, 65535)
         if self.max_samples is not None:
-            check_value(check_positive_int, "max_samples", self.max_samples)
+            self.max_samples = check_value(check_positive_int, "max_samples", self.max_samples)
         if (
             not isinstance(self.split, (list, tuple))
             or len(self.split) != 3
