@@ -35,6 +35,16 @@ def test_bad_field_names_field_range_and_value(field: str, value: object, messag
     assert message in str(err.value)
 
 
+def test_numbers_given_from_python_are_kept_as_the_plain_numbers_yaml_holds() -> None:
+    import numpy as np
+    import yaml
+
+    cfg = RunConfig(rounds=np.int64(3), lr=np.float32(0.5), seed=np.int32(2), port=np.int64(2000))
+    doc = cfg.to_dict()
+    assert [type(doc[k]) for k in ("rounds", "lr", "seed", "port")] == [int, float, int, int]
+    assert RunConfig.from_dict(yaml.safe_load(yaml.safe_dump(doc))) == cfg
+
+
 def test_flower_evaluates_on_the_clients() -> None:
     with pytest.raises(ConfigError) as err:
         RunConfig.from_dict({"framework": "flower", "eval_data": "test"})
