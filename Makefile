@@ -117,8 +117,8 @@ lint: setup
 # On a fresh machine apt runs off the main suite's path: OpenMPI and Fashion-MNIST install beside
 # torch (-j2; neither needs the other, and mpi4py's build after both needs mpicc), Chromium only
 # when the side lane reaches the browser test (chromium, chromium-common and chromium-driver
-# alone are 121 MB of packages; all of them, with their dependencies, were 177 Debian packages
-# and 30 s of apt-get install on this machine when it was fresh).
+# alone are 121 MB of packages; the five packages with their dependencies were 177 Debian
+# packages and 30 s of apt-get install on this machine when it was fresh).
 test:
 	@rm -f .flower-tests.rc .setup.rc .docs-setup.rc; start=$$(date +%s); \
 	( $(MAKE) --no-print-directory $(DOCS_VENV)/.installed > .side-setup.log 2>&1; \
