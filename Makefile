@@ -103,7 +103,9 @@ lint: setup
 # not only the test process's: mostly FedML processes, 7.7 CPU-s of `import fedml` each) and the
 # Flower suite's 684 CPU-s (Ray, SuperLink, SuperNodes, a ClientApp process per message); in a
 # clean-clone `make test` (336912d) the side lane was done 1,219 s and the main suite 1,331 s after
-# it began, both cores busy throughout. FEDBALANCE_TEST_CPU=FILE logs each test's CPU (conftest).
+# it began, both cores busy throughout; hours later the same machine took 1,521 s for f425be4
+# and 1,540 s for 05667a4, so compare runs made side by side. FEDBALANCE_TEST_CPU=FILE logs
+# each test's CPU (conftest).
 # The side lane's output goes to .flower-tests.log, shown when both are done; the target fails if
 # either does. Each lane says after how many seconds it finished.
 # --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
