@@ -16,10 +16,12 @@ from fl_adapters.inputs import InputError, brief, check_tree, load_yaml
 from fl_partitions.params import (
     FedbalanceError,
     ParameterError,
+    check_fractions,
     check_int_range,
     check_positive_float,
     check_positive_int,
 )
+from fl_partitions.partition import SPLIT_NAMES
 
 DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
 MODELS = ("thesis_cnn", "astraea_cnn")
@@ -184,19 +186,11 @@ class RunConfig:
         self.port = check_value(check_int_range, "port", self.port, 1024, 65535)
         if self.max_samples is not None:
             self.max_samples = check_value(check_positive_int, "max_samples", self.max_samples)
-        if (
-            not isinstance(self.split, (list, tuple))
-            or len(self.split) != 3
-            or any(
-                isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in self.split
+        self.split = list(
+            check_value(
+                check_fractions, "split", self.split, 3, labels=SPLIT_NAMES, first_positive=True
             )
-            or abs(sum(self.split) - 1) > 1e-6
-            or self.split[0] <= 0
-        ):
-            raise ConfigError(
-                f"split must be three fractions [train, val, test] summing to 1 with train > 0, got {brief(self.split)}"
-            )
-        self.split = [float(v) for v in self.split]
+        )
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> RunConfig:

@@ -33,7 +33,7 @@ from fl_partitions.params import (
     check_positive_float,
     check_positive_int,
 )
-from fl_partitions.partition import DEFAULT_SPLIT, Partition
+from fl_partitions.partition import DEFAULT_SPLIT, SPLIT_NAMES, Partition
 
 IntArray = NDArray[np.int64]
 #: The kinds of partitioner, in the order ``partition`` applies them.
@@ -159,7 +159,7 @@ class Partitioner(ABC):
                 f"num_clients x num_classes must be at most {MAX_CELLS:,} (the partition's "
                 f"count matrix), got {num_clients} x {num_classes}; lower num_clients"
             )
-        fractions = check_fractions("split", split, 3)
+        fractions = check_fractions("split", split, 3, labels=SPLIT_NAMES)
         rng = as_generator(seed)
         base_seed = int(seed) if isinstance(seed, (int, np.integer)) else seed_int(rng)
 

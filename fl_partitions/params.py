@@ -120,18 +120,29 @@ def _as_float(value: object) -> float:
         return math.inf
 
 
-def check_fractions(name: str, values: Sequence[float], count: int) -> tuple[float, ...]:
-    """``count`` non-negative fractions that sum to 1 (within rounding)."""
-    try:
-        vals = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
-        vals = ()
+def check_fractions(
+    name: str,
+    values: object,
+    count: int,
+    *,
+    labels: Sequence[str] = (),
+    first_positive: bool = False,
+) -> tuple[float, ...]:
+    """``count`` finite, non-negative fractions that sum to 1 (within rounding), given as a list,
+    tuple or array of numbers; with ``first_positive`` the first is > 0. ``labels`` name them
+    in the error."""
+    items = list(values) if isinstance(values, (list, tuple, np.ndarray)) else []
+    vals = tuple(_as_float(v) for v in items)
     if (
         len(vals) != count
-        or any(not np.isfinite(v) or v < 0 for v in vals)
+        or any(not math.isfinite(v) or v < 0 for v in vals)
         or abs(sum(vals) - 1) > 1e-6
+        or (first_positive and vals[0] <= 0)
     ):
+        named = f" [{', '.join(labels)}]" if labels else ""
+        positive = f" with {labels[0] if labels else 'the first'} > 0" if first_positive else ""
         raise ParameterError(
-            f"{name} must be {count} non-negative fractions summing to 1, got {shown(values)}"
+            f"{name} must be {count} non-negative fractions{named} summing to 1{positive}, "
+            f"got {shown(values)}"
         )
     return vals

@@ -9,6 +9,10 @@ import pytest
 from fl_adapters.cli import main
 from fl_adapters.config import ConfigError, RunConfig
 
+#: A run's bad split: the partitioners' wording (``fl_partitions.params.check_fractions``), and
+#: a run needs a train share.
+SPLIT = "split must be 3 non-negative fractions [train, val, test] summing to 1 with train > 0"
+
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
@@ -21,7 +25,11 @@ from fl_adapters.config import ConfigError, RunConfig
         ("clients_per_round", 31, "clients_per_round must be between 1 and num_clients=30, got 31"),
         ("optimizer", "adagrad", "optimizer must be one of adam, sgd; got 'adagrad'"),
         ("dataset", "imagenet", "dataset must be one of fmnist, digits"),
-        ("split", [0.5, 0.5], "split must be three fractions"),
+        ("split", [0.5, 0.5], SPLIT + ", got [0.5, 0.5]"),
+        ("split", [float("nan"), 0.5, 0.5], SPLIT + ", got [nan, 0.5, 0.5]"),
+        ("split", [0, 0.5, 0.5], SPLIT + ", got [0, 0.5, 0.5]"),
+        ("split", [True, 0, 0], SPLIT + ", got [True, 0, 0]"),
+        ("split", ["0.7", 0.1, 0.2], SPLIT + ", got ['0.7', 0.1, 0.2]"),
         ("partition", 3, "partition must be a mapping with a 'name', got 3"),
         ("aggregator_args", [1], "aggregator_args must be a mapping, got [1]"),
         ("batch_size", True, "batch_size must be an int >= 1, got True"),

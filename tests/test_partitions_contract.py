@@ -476,12 +476,18 @@ def test_retry_parameters_are_validated(name: str, param: str, value: int, fragm
         (-0.1, 0.6, 0.5),
         (float("nan"), 0.5, 0.5),
         (),
+        (True, False, False),
+        ("0.7", "0.1", "0.2"),
+        "0.7",
     ],
-    ids=["sum-above-1", "sum-below-1", "negative", "nan", "empty"],
+    ids=["sum-above-1", "sum-below-1", "negative", "nan", "empty", "bools", "strings", "a-string"],
 )
 def test_bad_split_fractions_are_a_value_error(split: tuple[float, ...]) -> None:
+    # A partition's split may leave train empty (a client that only evaluates); a run's may not.
     with expect(
-        ValueError, "split must be 3 non-negative fractions summing to 1", f"got {split!r}"
+        ValueError,
+        "split must be 3 non-negative fractions [train, val, test] summing to 1,",
+        f"got {split!r}",
     ):
         make_partitioner("iid").partition(LABELS_100, 4, split=split)
 

@@ -39,7 +39,12 @@ from datasets import Dataset
 from flwr_datasets.partitioner import Partitioner as FlowerPartitioner
 
 from fl_partitions import Partition, Partitioner
-from fl_partitions.params import ParameterError, check_positive_float, check_positive_int
+from fl_partitions.params import (
+    ParameterError,
+    check_fractions,
+    check_positive_float,
+    check_positive_int,
+)
 from fl_partitions.partition import DEFAULT_SPLIT, SPLIT_NAMES
 from fl_partitions.transforms import noise_block
 
@@ -87,7 +92,7 @@ class FedBalancePartitioner(FlowerPartitioner):
         self._num_partitions = num_partitions
         self.partition_by = partition_by
         self.seed = seed
-        self.split = tuple(split)
+        self.split = check_fractions("split", split, 3, labels=SPLIT_NAMES)
         self.noise_by = noise_by
         self.pixel_scale = float(pixel_scale)
         self._partition: Partition | None = None

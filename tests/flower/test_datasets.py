@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,12 +112,24 @@ def test_federated_dataset_serves_the_same_partitions(digits: Dataset, tmp_path:
         ({"pixel_scale": 0}, "pixel_scale must be a finite float > 0, got 0"),
         ({"pixel_scale": float("inf")}, "pixel_scale must be a finite float > 0, got inf"),
         ({"partitioner": "dirichlet"}, "unknown partitioner 'dirichlet'"),
+        (
+            {"split": (0.7, 0.1, float("nan"))},
+            "split must be 3 non-negative fractions [train, val, test] summing to 1, "
+            "got (0.7, 0.1, nan)",
+        ),
     ],
-    ids=["zero-partitions", "bool-partitions", "zero-scale", "infinite-scale", "unknown-scheme"],
+    ids=[
+        "zero-partitions",
+        "bool-partitions",
+        "zero-scale",
+        "infinite-scale",
+        "unknown-scheme",
+        "nan-split",
+    ],
 )
 def test_bad_arguments_name_the_parameter(kwargs: dict[str, object], message: str) -> None:
     args = {"num_partitions": 3, "partitioner": "iid", **kwargs}
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         FedBalancePartitioner(args.pop("num_partitions"), args.pop("partitioner"), **args)  # type: ignore[arg-type]
 
 
