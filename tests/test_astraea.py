@@ -261,23 +261,22 @@ def fedml_config(tmp_path: Path, name: str = "sp.yaml", **train_args: object) ->
 
 @pytest.mark.slow
 def test_fedml_sp_runs_astraea_and_records_mediators(tmp_path: Path) -> None:
+    # One run: that the same seed gives the same plan and weights in another FedML process is
+    # test_fedml_resume's sp resume of Astraea (bit for bit, a second process).
     pytest.importorskip("fedml")
     import subprocess
 
-    recs = []
-    for run in ("a", "b"):
-        rec = tmp_path / f"{run}.jsonl"
-        out = subprocess.run(
-            [sys.executable, str(EXAMPLE / "main.py"), "--cf", str(fedml_config(tmp_path))],
-            cwd=tmp_path,
-            env={**__import__("os").environ, "FEDBALANCE_RECORD": str(rec)},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        recs.append(records(rec))
-    lines = recs[0]
+    rec = tmp_path / "rec.jsonl"
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE / "main.py"), "--cf", str(fedml_config(tmp_path))],
+        cwd=tmp_path,
+        env={**__import__("os").environ, "FEDBALANCE_RECORD": str(rec)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = records(rec)
     assert [r["round"] for r in lines] == [1, 2]
     for r in lines:
         assert r["host"] == "fedml-sp" and r["aggregator"] == "astraea"
@@ -285,7 +284,6 @@ def test_fedml_sp_runs_astraea_and_records_mediators(tmp_path: Path) -> None:
         assert r["clients"] == [0, 1] and len(r["kl"]) == 2
         assert r["bytes"]["server_down"] > 0 and r["bytes"]["mediator_clients"] > 0
         assert r["weights"] == pytest.approx([n / sum(r["num_samples"]) for n in r["num_samples"]])
-    assert json.dumps(recs[0]) == json.dumps(recs[1])  # same seed: same plan, same weights
 
 
 @pytest.mark.parametrize(
