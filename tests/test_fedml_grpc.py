@@ -106,6 +106,44 @@ def test_grpc_cross_silo_aggregates_with_fedloss(tmp_path: Path, started: list) 
     server_log = finish(procs, tmp_path)
     check_fedloss_records(records(rec), "fedml-cross-silo", rounds=2)
     assert len(final_test_metrics(server_log)) == 2  # FedML's server tested after each round
+    for rank in (0, 1, 2):  # every process's receive loop waited instead of spinning
+        assert QUIET in (tmp_path / f"rank{rank}.log").read_text(), rank
+
+
+#: What a cross-silo process over gRPC logs once its receive loop waits instead of spinning.
+QUIET = "fedbalance: FedML's gRPC receive loop waits for messages instead of spinning"
+
+
+@pytest.mark.timeout(60)
+def test_the_grpc_receive_queue_waits_for_a_message_instead_of_spinning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FedML's own servicer queue, its class changed in place: ``qsize`` on an empty queue
+    returns when a message is put (an hour's wait would time the test out), in FedML's order;
+    an MPI manager's queue is left as it is."""
+    import queue
+
+    from fedml.core.distributed.communication.grpc.grpc_server import GRPCCOMMServicer
+
+    from fl_adapters.fedml.patches import cross_silo
+
+    servicer = GRPCCOMMServicer("127.0.0.1", free_ports(1)[0], 2, 0)
+    q = servicer.message_q
+    manager = SimpleNamespace(com_manager=SimpleNamespace(grpc_servicer=servicer))
+    assert cross_silo.quiet_run(manager, lambda self: "FedML's loop ran") == "FedML's loop ran"
+    assert servicer.message_q is q and type(q) is cross_silo.WaitingQueue
+
+    monkeypatch.setattr(cross_silo, "RECEIVE_WAIT_S", 3600.0)
+    threading.Timer(0.2, lambda: servicer.message_q.put(b"first")).start()
+    assert q.qsize() == 1  # woken by the put, not by the hour's timeout
+    q.put(b"second")
+    assert [q.get(), q.get()] == [b"first", b"second"]
+    monkeypatch.setattr(cross_silo, "RECEIVE_WAIT_S", 0.01)
+    assert q.qsize() == 0  # empty: FedML's loop checks whether it should stop, then asks again
+
+    over_mpi = SimpleNamespace(com_manager=SimpleNamespace(q_receiver=queue.Queue()))
+    cross_silo.quiet_run(over_mpi, lambda self: None)
+    assert type(over_mpi.com_manager.q_receiver) is queue.Queue
 
 
 @pytest.mark.slow

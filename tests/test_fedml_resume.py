@@ -291,6 +291,8 @@ def check_launched(out: Path, host: str, backend: str, rounds: int) -> None:
         ]
         assert (out / "fedml-rank1.log").exists() and (out / "fedml-rank2.log").exists()
         assert '"backend": "grpc"' in (out / "summary.json").read_text()
+        for log in ("fedml.log", "fedml-rank1.log", "fedml-rank2.log"):  # no busy receive loop
+            assert "FedML's gRPC receive loop waits for messages" in (out / log).read_text(), log
 
 
 @pytest.mark.slow

@@ -1,10 +1,13 @@
 """FedML cross-silo (one process per silo and one server, over MPI or FedML's gRPC):
 fedbalance's training and aggregation (behind FedML's DP and defence hooks), Astraea's relay,
-resume, a gRPC silo that waits for its server, and LightSecAgg (:mod:`fl_adapters.fedml.secure`).
+resume, a gRPC silo that waits for its server, a gRPC receive loop that waits instead of spinning,
+and LightSecAgg (:mod:`fl_adapters.fedml.secure`).
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 from typing import Any
 
 from fl_adapters.fedml import secure
@@ -13,6 +16,11 @@ from fl_adapters.fedml.astraea import with_rad
 from fl_adapters.fedml.patches import distributed as shared
 
 HOST = "fedml-cross-silo"
+#: How long an empty gRPC receive queue's ``qsize`` waits for a message: FedML's receive loop
+#: sees a stop request at most this late.
+RECEIVE_WAIT_S = 0.05
+
+log = logging.getLogger(__name__)
 
 
 def client_init(self: Any, original: Any, msg_params: Any) -> Any:
@@ -117,6 +125,35 @@ def aggregate_round(self: Any, original: Any) -> Any:
     return averaged, model_list, idxes
 
 
+class WaitingQueue(queue.Queue):
+    """A ``queue.Queue`` whose ``qsize`` waits up to :data:`RECEIVE_WAIT_S` for a message when
+    it is empty, and returns as soon as one is put.
+
+    FedML 0.9.6's gRPC receive loop polls its queue's ``qsize``, and the loop's ``sleep`` sits
+    after its ``while``, so an idle silo or server spins a whole core (a 2-round, 3-process run
+    here: 42.5 CPU-s in its processes; 33.3 with this). The loop waits here instead; messages,
+    their order and their handling stay FedML's.
+    """
+
+    def qsize(self) -> int:
+        with self.not_empty:  # put() notifies it
+            if not self._qsize():
+                self.not_empty.wait(RECEIVE_WAIT_S)
+            return self._qsize()
+
+
+def quiet_run(self: Any, original: Any) -> Any:
+    """A server's or silo's message loop (its ``run``) over gRPC without the busy wait: the
+    receive queue becomes a :class:`WaitingQueue` (the same object, its class changed; only a
+    plain ``queue.Queue``). Over MPI, FedML's loop sleeps between polls and is left as it is."""
+    servicer = getattr(self.com_manager, "grpc_servicer", None)
+    q = getattr(servicer, "message_q", None)
+    if type(q) is queue.Queue:
+        q.__class__ = WaitingQueue
+        log.info("fedbalance: FedML's gRPC receive loop waits for messages instead of spinning")
+    return original(self)
+
+
 SILO = "fedml.cross_silo"
 SERVER = (f"{SILO}.server.fedml_server_manager", "FedMLServerManager")
 CLIENT = (f"{SILO}.client.fedml_client_master_manager", "ClientMasterManager")
@@ -124,6 +161,9 @@ TRAINER = (f"{SILO}.client.fedml_trainer", "FedMLTrainer")
 #: ``(module, class, method, replacement)``
 TARGETS = (
     (*TRAINER, "train", shared.train),
+    # Over gRPC, each process's message loop waits for messages instead of spinning.
+    (*SERVER, "run", quiet_run),
+    (*CLIENT, "run", quiet_run),
     (f"{SILO}.server.fedml_aggregator", "FedMLAggregator", "aggregate", aggregate_round),
     (
         f"{SILO}.server.fedml_aggregator",
