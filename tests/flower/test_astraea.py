@@ -91,7 +91,15 @@ def test_deployment_runs_mediator_chains_across_supernodes(tmp_path: Path) -> No
     """Three flower-supernode processes, one round: rad reaches each node once (kept in its
     Context.state across the processes Flower starts per message) and the chain crosses
     nodes."""
-    config = {**CONFIG, "num_clients": 3, "clients_per_round": 3, "rounds": 1}
+    # One node evaluates (eval_fraction): each evaluate message is a ClientApp process of its
+    # own, and the evaluation is not what this test is about.
+    config = {
+        **CONFIG,
+        "num_clients": 3,
+        "clients_per_round": 3,
+        "rounds": 1,
+        "eval_fraction": 0.34,
+    }
     out = finished(tmp_path / "deployment", {**config, "framework": "flower-deployment"}) / "out"
     record = lines(out / "aggregations.jsonl")
     check_rounds(record, config)
