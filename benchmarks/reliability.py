@@ -623,11 +623,15 @@ def fedml_kill(
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 600
+    read = None  # the checkpoint file (mtime, size) last read: read each version once
     while True:
         try:
-            if Checkpoint.load(out / "checkpoint.pt").round >= kill_after:
-                break
-        except CheckpointError:
+            stat = (out / "checkpoint.pt").stat()
+            if (stat.st_mtime_ns, stat.st_size) != read:
+                if Checkpoint.load(out / "checkpoint.pt").round >= kill_after:
+                    break
+                read = (stat.st_mtime_ns, stat.st_size)
+        except (FileNotFoundError, CheckpointError):
             pass
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError(f"the FedML run ended before rank {rank} could be killed: {result}")
