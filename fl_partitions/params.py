@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import reprlib
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -131,8 +132,11 @@ def check_fractions(
     """``count`` finite, non-negative fractions that sum to 1 (within rounding), given as a list,
     tuple or array of numbers; with ``first_positive`` the first is > 0. ``labels`` name them
     in the error."""
-    items = list(values) if isinstance(values, (list, tuple, np.ndarray)) else []
-    vals = tuple(_as_float(v) for v in items)
+    listed = isinstance(values, (list, tuple)) or (
+        isinstance(values, np.ndarray) and values.ndim == 1
+    )
+    seq = cast("Sequence[object]", values)
+    vals = tuple(_as_float(v) for v in seq) if listed and len(seq) == count else ()
     if (
         len(vals) != count
         or any(not math.isfinite(v) or v < 0 for v in vals)
