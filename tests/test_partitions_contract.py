@@ -479,8 +479,19 @@ def test_retry_parameters_are_validated(name: str, param: str, value: int, fragm
         (True, False, False),
         ("0.7", "0.1", "0.2"),
         "0.7",
+        np.array(1.0),
     ],
-    ids=["sum-above-1", "sum-below-1", "negative", "nan", "empty", "bools", "strings", "a-string"],
+    ids=[
+        "sum-above-1",
+        "sum-below-1",
+        "negative",
+        "nan",
+        "empty",
+        "bools",
+        "strings",
+        "a-string",
+        "0-d-array",
+    ],
 )
 def test_bad_split_fractions_are_a_value_error(split: tuple[float, ...]) -> None:
     # A partition's split may leave train empty (a client that only evaluates); a run's may not.
