@@ -99,6 +99,10 @@ def finish(procs: dict[int, subprocess.Popen[str]], tmp_path: Path, timeout: flo
     return logs[0]
 
 
+#: What a cross-silo process over gRPC logs once its receive loop waits instead of spinning.
+QUIET = "fedbalance: FedML's gRPC receive loop waits for messages instead of spinning"
+
+
 @pytest.mark.slow
 def test_grpc_cross_silo_aggregates_with_fedloss(tmp_path: Path, started: list) -> None:
     rec = tmp_path / "rec.jsonl"
@@ -108,10 +112,6 @@ def test_grpc_cross_silo_aggregates_with_fedloss(tmp_path: Path, started: list) 
     assert len(final_test_metrics(server_log)) == 2  # FedML's server tested after each round
     for rank in (0, 1, 2):  # every process's receive loop waited instead of spinning
         assert QUIET in (tmp_path / f"rank{rank}.log").read_text(), rank
-
-
-#: What a cross-silo process over gRPC logs once its receive loop waits instead of spinning.
-QUIET = "fedbalance: FedML's gRPC receive loop waits for messages instead of spinning"
 
 
 @pytest.mark.timeout(60)
