@@ -114,8 +114,9 @@ lint: setup
 # Flower suite's 684 CPU-s (Ray, SuperLink, SuperNodes, a ClientApp process per message); in a
 # clean-clone `make test` (336912d) the side lane was done 1,219 s and the main suite 1,331 s after
 # it began, both cores busy throughout; hours later the same machine took 1,521 s for f425be4
-# and 1,540 s for 05667a4, and later that day 1,484 s (3ec4c1f), 1,564 s and 1,539 s (a78da36)
-# within 90 minutes, so compare runs made side by side. FEDBALANCE_TEST_CPU=FILE logs
+# and 1,540 s for 05667a4, and later that day 1,484 s (3ec4c1f), then 1,564 s, 1,539 s and
+# 1,600 s for three later commits within two and a half hours, so compare runs made side by
+# side. FEDBALANCE_TEST_CPU=FILE logs
 # each test's CPU (conftest).
 # The side lane's output goes to .flower-tests.log, shown when both are done; the target fails if
 # either does. Each lane says after how many seconds it finished.
