@@ -623,14 +623,15 @@ def fedml_kill(
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 600
-    read = None  # the checkpoint file (mtime, size) last read: read each version once
+    path, read = out / "checkpoint.pt", None  # read: the (mtime, size) last read, read once
     while True:
         try:
-            stat = (out / "checkpoint.pt").stat()
-            if (stat.st_mtime_ns, stat.st_size) != read:
-                if Checkpoint.load(out / "checkpoint.pt").round >= kill_after:
+            stat = path.stat()
+            version = (stat.st_mtime_ns, stat.st_size)
+            if version != read:
+                if Checkpoint.load(path).round >= kill_after:
                     break
-                read = (stat.st_mtime_ns, stat.st_size)
+                read = version
         except (FileNotFoundError, CheckpointError):
             pass
         if not thread.is_alive() or time.monotonic() > deadline:
