@@ -35,8 +35,8 @@ DOCS_SPEC := mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 mkdocstrin
 # this project's machines), Python never caches it, so every process (each MPI rank, ClientApp,
 # CLI run) compiled the modules it imports again: 0.6 of the 3.9 s importing
 # fl_adapters.fedml.runner took, a few tenths of a second of `import fedml`'s 8 (that one within
-# its run-to-run spread). Too little to show in a whole `make test` here (1,484 s before, 1,564 s
-# after, an hour apart). compileall writes only what is missing or stale: a second or less.
+# its run-to-run spread): too little to show in a whole `make test` here (its times: see test).
+# compileall writes only what is missing or stale: a second or less.
 SOURCES := fl_aggregators fl_partitions adapters benchmarks
 
 setup: system-deps $(VENV)/.installed
