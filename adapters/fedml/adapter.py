@@ -2,22 +2,13 @@
 stop a run before training, the run state, client training with validation and aggregation.
 
 FedML has no aggregator registry, so :mod:`fl_adapters.fedml.patches` (armed right after
-``import fedml`` by fedbalance's autoload, see :mod:`fl_adapters.autoload`) wraps the
-aggregation point and the client training of each mode. Every wrapper decides on each call from
-``self.args``: when the host's flattened args name a fedbalance aggregator (``aggregator:
-fedloss`` in any YAML section, optional ``aggregator_args:`` mapping) it runs fedbalance's path,
-otherwise FedML's own method, untouched. Deciding per call (not in ``FedMLRunner``) also covers
-scripts that build FedML's simulators, ``Server`` or ``Client`` directly.
-
-An unknown name stops the run in ``fedml.init()`` (and ``FedMLRunner(...)``), before any
-training, with the registry's message. So does a ``federated_optimizer`` whose FedML code
-path never reaches the wrapped aggregation point (:data:`BYPASSING`): the aggregator would be
-silently unused there. Keep ``federated_optimizer: FedAvg`` in the config.
-
-Clients hold out a validation split of their training data (``val_fraction``, default 0.1,
-deterministic per client and ``random_seed``) when the aggregator needs ``val_loss``, train on
-the rest with the host's trainer, and send the loss inside the params payload
-(:mod:`.payload`).
+``import fedml`` by fedbalance's autoload) wraps the aggregation point and the client training
+of each mode. Every wrapper decides on each call from ``self.args``: when the host's flattened
+args name a fedbalance aggregator (``aggregator:`` in any YAML section, optional
+``aggregator_args:``) it runs fedbalance's path, otherwise FedML's own method, untouched.
+Deciding per call (not in ``FedMLRunner``) also covers scripts that build FedML's simulators,
+``Server`` or ``Client`` directly. An unknown name, or a ``federated_optimizer`` that bypasses
+the wrapped aggregation point (:data:`BYPASSING`), stops the run in ``fedml.init()``.
 """
 
 from __future__ import annotations

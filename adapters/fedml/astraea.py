@@ -1,27 +1,13 @@
-"""Astraea in FedML's sp simulation (``aggregator: astraea`` in an unmodified host script).
+"""Astraea in FedML (``aggregator: astraea`` in an unmodified host script).
 
-FedML's ``FedAvgAPI.train`` keeps its loop; :mod:`.adapter` routes three of its calls here when
-the aggregator is Astraea:
-
-* ``_client_sampling``: FedML samples the round's clients as usual; the first call builds the
-  :class:`~fl_adapters.astraea.AstraeaPlanner` from every client's label counts (read from
-  FedML's ``train_data_local_dict``), and every call groups the sampled clients into mediators
-  and returns them *in mediator order*, so FedML's slots visit each mediator's members together.
-* ``Client.train``: the slot of a mediator's first member runs the mediator's chain — FedML's
-  own ``model_trainer.train`` on each member's rebalanced data in turn, each starting from the
-  previous member's weights, ``mediator_epochs`` times; the other members' slots return the
-  mediator's result (their training happened in the chain).
-* ``_aggregate``: one update per mediator, weights ``n_m / n``, recorded with the mediators,
-  their KL to uniform and the round's bytes.
-
-MPI cross-silo and MPI simulation (:class:`SiloAstraea`, on the host-free
-:class:`~fl_adapters.astraea.MediatorRelay`): FedML's server manager sends each round's model
-to the first silo (worker) of every mediator only and forwards each upload to the next member's
-process (the server plays the mediator's relay); the rebalancing ratios travel in the downlink
-under a reserved key, and each process rebalances a client's data once. Every mode seeds a
-client's training by ``(seed, client, round, pass)`` and records the same fields, so one config
-gives the same plan, mediators and (to float order) models in sp, MPI simulation and
-cross-silo.
+sp (:class:`SpAstraea`): FedML samples as usual; the clients come back grouped into mediators,
+in mediator order; the slot of a mediator's first member runs the whole chain with FedML's own
+``model_trainer.train`` on each member's rebalanced data, the others' slots return its result,
+and ``_aggregate`` gets one update per mediator. MPI simulation and cross-silo
+(:class:`SiloAstraea`): the server plays each mediator's relay, and ``rad`` and the round travel
+in the downlink under reserved keys. A client's training is seeded by ``(seed, client, round,
+pass)`` in every mode, so one config gives the same plan, mediators and (to float order) models
+in all three (docs/astraea.md).
 """
 
 from __future__ import annotations
@@ -87,12 +73,6 @@ class SpAstraea:
         self.trace: list[tuple[int, int, int]] = []
         self.round = 0
 
-    def client_data(self, client: int) -> Any:
-        """The client's rebalanced training data (built once, seeded by ``(seed, client)``)."""
-        load = lambda: self.api.train_data_local_dict[client]  # noqa: E731
-        wrap = lambda x, y, original: like(original, x, y)  # noqa: E731
-        return self.data.get(client, self.planner.rad, self.seed, load, wrap)
-
     def sample(self, sampled: Any) -> list[int]:
         """Group this round's clients into mediators; FedML's slot order, mediator by mediator."""
         self.round += 1
@@ -109,16 +89,12 @@ class SpAstraea:
             def train_one(c: int, w: Any) -> tuple[Any, int]:
                 epoch = self.trace.count((self.round, m, c))
                 self.trace.append((self.round, m, c))
-                data = self.client_data(c)
+                original = self.api.train_data_local_dict[c]
+                data, n = silo_data(self.data, c, original, self.planner.rad, self.seed)
                 trainer.set_id(c)
                 trainer.set_model_params(w)
                 with seeded_training(self.seed, c, self.round, epoch), training_clock(c):
                     trainer.train(data, client.device, client.args)
-                n = (
-                    len(data.dataset)  # type: ignore[arg-type]
-                    if isinstance(data, DataLoader)
-                    else sum(len(b[1]) for b in data)
-                )
                 return trainer.get_model_params(), n
 
             result = run_mediator(
@@ -129,15 +105,8 @@ class SpAstraea:
 
     def model_list(self) -> list[tuple[int, Any]]:
         """One ``(n_m, params)`` per mediator, in mediator order; annotates the record."""
-        params = [self.results[m][0] for m in range(len(self.mediators))]
-        annotate_round(self.planner, self.aggregator, self.mediators, params)
-        return [
-            (
-                self.planner.bound_samples(self.mediators[m], self.results[m][1]),
-                attach(params[m], m, None),
-            )
-            for m in range(len(self.mediators))
-        ]
+        results = [self.results[m] for m in range(len(self.mediators))]
+        return mediator_updates(self.planner, self.aggregator, self.mediators, results)
 
 
 # -- MPI cross-silo: the server relays each mediator's model from one silo to the next ---------
@@ -165,19 +134,26 @@ def silo_data(cache: RebalancedCache, silo: int, original: Any, rad: Any, seed: 
     return cache.get(silo, rad, seed, lambda: original, sized)
 
 
-def fedml_param_bytes(params: Any) -> int:
-    return sum(int(t.numel() * t.element_size()) for t in params.values() if torch.is_tensor(t))
-
-
-def annotate_round(
-    planner: AstraeaPlanner, aggregator: Astraea, mediators: list[list[int]], models: list[Any]
-) -> None:
-    """The round's record fields, the same in every FedML mode: mediators (client / silo
-    indexes), their KL, the paper's traffic of the round with the plan (``rad``, float64) in
-    each mediator's downlink — whatever route the host's messages take — and each mediator
-    model's digest."""
-    nbytes = fedml_param_bytes(models[0])
+def mediator_updates(
+    planner: AstraeaPlanner,
+    aggregator: Astraea,
+    mediators: list[list[int]],
+    results: list[tuple[Any, int]],
+) -> list[tuple[int, Any]]:
+    """One ``(n_m, params)`` per mediator (``n_m`` held to what the plan allows) from each
+    mediator's ``(params, n_m)``, and the round's record fields, the same in every FedML mode:
+    mediators (client / silo indexes), their KL, the paper's traffic of the round with the plan
+    (``rad``, float64) in each mediator's downlink — whatever route the host's messages take —
+    and each mediator model's digest."""
+    models = [params for params, _ in results]
+    nbytes = sum(
+        int(t.numel() * t.element_size()) for t in models[0].values() if torch.is_tensor(t)
+    )
     planner.annotate(aggregator, mediators, nbytes, 8 * len(planner.rad), models=models)
+    return [
+        (planner.bound_samples(mediators[m], n), attach(params, m, None))
+        for m, (params, n) in enumerate(results)
+    ]
 
 
 class SiloAstraea:
@@ -211,9 +187,6 @@ class SiloAstraea:
         mediators = self.planner.mediators(list(self.receiver))
         self.relay = MediatorRelay(mediators, 1, owner=self.receiver.__getitem__)
 
-    def first_hops(self) -> list[Hop]:
-        return self.relay.start()
-
     def first_receivers(self) -> set[int]:
         return {int(hop.owner) for hop in self.relay.start()}
 
@@ -221,20 +194,13 @@ class SiloAstraea:
         """Record ``sender``'s upload; the next hop of its mediator, or ``None``."""
         m = next(
             m
-            for m, members in enumerate(self.relay.mediators)
+            for m in range(len(self.relay.mediators))
             if m not in self.relay.params and self.relay.expected(m).owner == sender
         )
         return self.relay.received(m, strip(params)[0], n)
 
-    def done(self) -> bool:
-        return self.relay.done()
-
     def model_list(self) -> list[tuple[int, Any]]:
         """One ``(n_m, params)`` per mediator; annotates the record (mediators by data index)."""
-        results = self.relay.results()
-        annotate_round(self.planner, self.aggregator, self.relay.mediators, [p for p, _ in results])
-        mediators = self.relay.mediators
-        return [
-            (self.planner.bound_samples(mediators[m], n), attach(params, m, None))
-            for m, (params, n) in enumerate(results)
-        ]
+        return mediator_updates(
+            self.planner, self.aggregator, self.relay.mediators, self.relay.results()
+        )

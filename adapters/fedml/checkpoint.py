@@ -1,24 +1,11 @@
 """FedML checkpoints and resume, keyed by two YAML fields of an unmodified host.
 
 ``checkpoint_dir: DIR`` (any section): the server writes ``DIR/checkpoint.pt`` after every
-round, the same kind of file FedLab runs write (:mod:`fl_adapters.checkpoint`): the global state
-dict, the aggregator's state (FedAvgM's momentum), the round, the Astraea plan and, in sp, the
-process's RNG states. ``resume_from: DIR`` (or the file) continues a run from it.
-
-How each mode resumes (FedML's loops are left as they are):
-
-* **sp** runs its loop from round 1, but the rounds the checkpoint holds pass without training,
-  aggregation or test (sampling still runs: FedML seeds it by round). The first round after
-  them restores the RNG states the checkpoint took at that same point, so the resumed run ends
-  on exactly the model of an uninterrupted one.
-* **MPI simulation and cross-silo** (MPI and gRPC): the server starts at the checkpoint's round
-  with its model, and its first message to each process carries the round number, from which
-  the client sets its own round counter (FedML's clients count rounds themselves and stop on
-  it). Local training draws from each process's own RNG, so these continue from the same model
-  but are not bit-identical to an uninterrupted run.
-
-FedML's client sampling is seeded by the round index in every mode, so there is no sampler
-state to keep.
+round (:mod:`fl_adapters.checkpoint`'s format; in sp also the process's RNG states);
+``resume_from: DIR`` (or the file) continues a run from it. sp replays its loop without
+training the checkpointed rounds and ends bit-identical (:mod:`.patches.sp`); the distributed
+modes restart the server at the checkpoint's round and are not (each process's own RNG).
+How each mode resumes: docs/hosts/fedml.md.
 """
 
 from __future__ import annotations
@@ -31,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, refuse_changes
+from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, check_plan, refuse_changes
 from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
@@ -113,12 +100,24 @@ def load(args: Any) -> Checkpoint:
     return ckpt
 
 
+def resume(args: Any, model: Any, aggregator: Any, host: str, astraea: Any = None) -> Checkpoint:
+    """``resume_from``'s checkpoint, refused unless its Astraea plan is ``astraea``'s and its
+    model ``model``'s kind (names, shapes, dtypes), with ``aggregator``'s state restored."""
+    ckpt = load(args)
+    if astraea is not None:
+        check_plan(ckpt.plan, astraea.planner.plan.as_dict())
+    ckpt.check_model(model, resume_path(args))
+    aggregator.load_state_dict(ckpt.aggregator)
+    log.info("fedbalance: FedML %s resumes after round %d of %d", host, ckpt.round, args.comm_round)
+    return ckpt
+
+
 def save(
     args: Any,
     round_number: int,
     params: Any,
     aggregator: Any,
-    plan: dict[str, Any] | None = None,
+    astraea: Any = None,
     rng: dict[str, Any] | None = None,
 ) -> None:
     """Write the round's checkpoint where ``checkpoint_dir`` says (nothing if unset)."""
@@ -133,7 +132,7 @@ def save(
         model=model,
         aggregator=aggregator.state_dict(),
         participations={},
-        plan=plan,
+        plan=None if astraea is None else astraea.planner.plan.as_dict(),
         rng=rng,
         host="fedml",
     ).save(path)

@@ -1,15 +1,10 @@
 """FedML 0.9.6 cross-silo over its own gRPC backend: the ``grpc_ipconfig`` file and the checks.
 
-FedML reads ``comm_args: {backend: GRPC, grpc_ipconfig_path: FILE}``, a CSV whose header is
-``eid,rank,grpc_server_ip,grpc_server_port`` with one row per rank (0 = the server, 1..N the
-silos). Each process is started on its own (``python main.py --cf CFG --rank R --role
-server|client``), binds its row's address and sends to the others' rows. FedML itself checks
-none of it: a missing silo leaves the server waiting forever, a row for a rank it never
-contacts is ignored, and gRPC binds with ``SO_REUSEPORT``, so a second process binds a port
-that is already in use without an error (seen with grpcio 1.59) and the kernel shares the
-incoming connections between the two. :func:`check_grpc`
-(run by the adapter in ``fedml.init()``, before round 1 and before FedML binds) turns each of
-these into an error that names the file.
+FedML reads a CSV (``eid,rank,grpc_server_ip,grpc_server_port``, one row per rank, 0 = the
+server) and checks none of it: a missing silo leaves the server waiting forever, and gRPC binds
+with ``SO_REUSEPORT``, so a port still in use is shared silently (:func:`port_problem`).
+:func:`check_grpc`, run in ``fedml.init()`` before FedML binds, turns each of these into an
+error that names the file.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def fedbalance_map(y_train: Any, num_clients: int, method: str, args: Any) -> di
 
 def _wrap_partition_data(module: Any, patches: Patches) -> None:
     original = getattr(module, "partition_data", None)
-    if original is None or getattr(original, "_fedbalance", False):
+    if original is None:
         return
 
     @functools.wraps(original)
@@ -73,7 +73,6 @@ def _wrap_partition_data(module: Any, patches: Patches) -> None:
         out[5] = module.record_net_data_stats(y_train, net_dataidx_map)
         return tuple(out)
 
-    partition_data._fedbalance = True  # type: ignore[attr-defined]
     patches.set(module, "partition_data", partition_data)
 
 
@@ -87,8 +86,6 @@ def arm(patches: Patches) -> None:
         except ImportError as e:  # a loader FedML could not import (optional dependency)
             log.debug("fedbalance: FedML loader %s not patched: %s", name, e)
     original = fedml.data.load
-    if getattr(original, "_fedbalance", False):
-        return
 
     @functools.wraps(original)
     def load(args: Any, *a: Any, **kw: Any) -> Any:
@@ -98,5 +95,4 @@ def arm(patches: Patches) -> None:
         finally:
             CURRENT.pop("args", None)
 
-    load._fedbalance = True  # type: ignore[attr-defined]
     patches.set(fedml.data, "load", load)

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -31,21 +32,21 @@ from fl_adapters._training import evaluates
 from fl_adapters.checkpoint import Checkpoint, resume_hint
 from fl_adapters.config import RunConfig, RunFailed
 from fl_adapters.experiment import run_summary
+from fl_adapters.fedml.adapter import HOSTS, check_resume
 from fl_adapters.processes import stop, watch
 from fl_adapters.rundir import RunFiles
 from fl_aggregators.record import ENV, RUN_ENV
 
-MODES = {
-    "fedml-sp": ("simulation", "sp"),
-    "fedml-mpi": ("simulation", "MPI"),
-    "fedml-cross-silo": ("cross_silo", "MPI"),
-}
+#: ``framework`` -> FedML's ``(training_type, backend)`` (``backend: grpc`` changes the latter).
+MODES = {host: mode for mode, host in HOSTS.items() if mode[1] != "GRPC"}
 
 
-def example_dir() -> Path:
+def host_script(cfg_path: Path) -> list[str]:
+    """The bundled FedML example (a host script with no fedbalance import) on ``cfg_path``."""
     import fedbalance_benchmarks
 
-    return Path(fedbalance_benchmarks.__file__).resolve().parent / "fedml_example"
+    main = Path(fedbalance_benchmarks.__file__).resolve().parent / "fedml_example" / "main.py"
+    return [sys.executable, str(main), "--cf", str(cfg_path)]
 
 
 def fedml_config(
@@ -117,7 +118,7 @@ def fedml_config(
 
 
 def command(config: RunConfig, cfg_path: Path) -> list[str]:
-    script = [sys.executable, str(example_dir() / "main.py"), "--cf", str(cfg_path)]
+    script = host_script(cfg_path)
     if config.framework == "fedml-sp":
         return script
     mpirun = shutil.which("mpirun")
@@ -151,22 +152,16 @@ def run_fedml(
         require_grpcio()  # before anything is written or started
     out_dir = out_dir.resolve()
     files = RunFiles(out_dir)
+    cfg_path, ipconfig = out_dir / "fedml.yaml", out_dir / "grpc_ipconfig.csv"
+    doc = fedml_config(config, ipconfig if grpc else None, out_dir, resume)
     if resume:  # refuse a checkpoint this config cannot continue before anything changes
-        from types import SimpleNamespace
-
-        from fl_adapters.fedml.adapter import check_resume
-
-        doc = fedml_config(config, checkpoint_dir=out_dir, resume=True)
         check_resume(SimpleNamespace(**{k: v for part in doc.values() for k, v in part.items()}))
         keep_completed_rounds(config, files)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = out_dir / "fedml.yaml"
-    ipconfig = out_dir / "grpc_ipconfig.csv"
     if grpc:
         from fl_adapters.fedml.ipconfig import free_ports, write_ipconfig
 
         write_ipconfig(ipconfig, free_ports(config.clients_per_round + 1))
-    doc = fedml_config(config, ipconfig if grpc else None, out_dir, resume)
     cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     record = files.record if resume else files.start(None)
     env = {**os.environ, RUN_ENV: str(record)}  # the user's FEDBALANCE_RECORD gets it too
@@ -227,7 +222,7 @@ def run_grpc(
 ) -> None:
     """The server and every silo as separate processes over FedML's gRPC; one dies, all stop."""
     out_dir = files.out
-    script = [sys.executable, str(example_dir() / "main.py"), "--cf", str(cfg_path)]
+    script = host_script(cfg_path)
     silos = range(1, config.clients_per_round + 1)
     names = {r: f"silo rank {r}" for r in silos} | {0: "server (rank 0)"}
     logs = {r: out_dir / (f"fedml-rank{r}.log" if r else "fedml.log") for r in names}
@@ -238,12 +233,9 @@ def run_grpc(
             with open(logs[rank], "w") as log:
                 proc = subprocess.Popen(
                     [*script, "--rank", str(rank), "--role", "client" if rank else "server"],
-                    cwd=out_dir,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+                    cwd=out_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True,  # its own group: stopping it stops its children
-                )
+                )  # fmt: skip
             procs.append((name, proc))
     except BaseException:
         for _, proc in procs:

@@ -1,35 +1,13 @@
 """FedAvg, FedAvgM, FedLoss and FedLoss-n under FedML 0.9.6's cross-silo LightSecAgg (``LSA``).
 
 FedML's LightSecAgg server unmasks ``sum_i y_i`` and takes ``1/N`` of it, never calling a
-server aggregator, and its clients mask right after training. With a fedbalance aggregator,
-each round gets one more message pair between training and masking:
-
-1. the client trains (fedbalance's validation split and loss, as with FedAvg) and sends its
-   sample count, validation loss and client id in clear (:data:`MSG_SCALARS`); its model stays
-   on the client;
-2. once every client of the round has reported, the server weighs them
-   (:meth:`~fl_aggregators.Aggregator.weigh`: the same checks and bounds as in clear) and
-   sends each its factor ``N * w_i`` (:data:`MSG_SCALE`);
-3. the client scales its model by it and masks it as FedML does; FedML's ``1/N`` average of
-   the unmasked sum is then ``sum_i w_i x_i``, which the aggregator's
-   :meth:`~fl_aggregators.Aggregator.finish` turns into the new model (FedAvgM's momentum,
-   the aggregation record with ``secure: lightsecagg``).
-
-Two defects of FedML 0.9.6's LightSecAgg are mended while fedbalance runs it (stock runs are
-left as they are): its server re-sends the round's set-up for every repeated "online" status
-(each client announces itself twice), so clients re-draw masks after masking and the model is
-garbage; and every rank draws its masks from numpy's global generator, which ``fedml.init``
-seeds identically on every rank, so all clients draw the same mask. The set-up now goes out
-once, and each client draws its masks from a generator seeded from ``os.urandom`` (then puts
-numpy's global state back, so training stays reproducible).
-
-Limits (FedML's protocol, not fedbalance's): there is no dropout tolerance (the server waits
-for every client), the encoded mask shares travel through the server unencrypted (a curious
-server holding ``U`` shares of a client's mask can remove it), and values are fixed-point with
-``precision_parameter`` fractional bits modulo ``prime_number``: the *sum* must stay within
-``+-(prime_number - 1) / 2 / 2**precision_parameter``. With ``prime_number: 1073741789``,
-``precision_parameter: 20`` that is +-512 in steps of about 1e-6 (the mask encoding multiplies
-int64 values, so keep ``prime_number`` below ``2**30`` for up to 7 clients).
+server aggregator. With a fedbalance aggregator each round gets one more message pair between
+training and masking: the client sends its sample count, validation loss and id in clear
+(:data:`MSG_SCALARS`); the server weighs them (:meth:`~fl_aggregators.Aggregator.weigh`) and
+sends each client ``N * w_i`` (:data:`MSG_SCALE`), by which it scales its model before masking,
+so FedML's ``1/N`` average is ``sum_i w_i x_i`` for :meth:`~fl_aggregators.Aggregator.finish`.
+The two FedML defects mended here (:func:`server_status`, :func:`client_offline`), the
+protocol's limits and its fixed-point bounds: docs/hosts/beside.md.
 """
 
 from __future__ import annotations
@@ -83,38 +61,29 @@ def server_status(self: Any, original: Any, msg_params: Any) -> Any:
 def _receive_scalars(self: Any, msg_params: Any) -> None:
     from fl_adapters.fedml.adapter import current
 
-    sender = int(msg_params.get_sender_id())
-    self._fedbalance_scalars[sender] = (
+    self._fedbalance_scalars[int(msg_params.get_sender_id())] = (
         msg_params.get(KEY_NUM_SAMPLES),
         msg_params.get(KEY_VAL_LOSS),
         msg_params.get(KEY_CLIENT),
     )
-    waiting = [
-        c for c in self.client_id_list_in_this_round if int(c) not in self._fedbalance_scalars
-    ]
-    if waiting:
+    if any(int(c) not in self._fedbalance_scalars for c in self.client_id_list_in_this_round):
         return
-    senders = sorted(self._fedbalance_scalars)
-    updates = []
-    for sender in senders:
-        n, loss, client = self._fedbalance_scalars[sender]
-        updates.append(
-            ClientUpdate(
-                params=OrderedDict(),  # weigh() reads the scalars only
-                num_samples=n,
-                metrics={} if loss is None else {"val_loss": float(loss)},
-                client_id=client if client is not None else f"rank{sender}",
-            )
+    scalars, self._fedbalance_scalars = sorted(self._fedbalance_scalars.items()), {}
+    updates = [
+        ClientUpdate(
+            params=OrderedDict(),  # weigh() reads the scalars only
+            num_samples=n,
+            metrics={} if loss is None else {"val_loss": float(loss)},
+            client_id=client if client is not None else f"rank{sender}",
         )
-    self._fedbalance_scalars = {}
+        for sender, (n, loss, client) in scalars
+    ]
     run = current()
-    weighing = run.aggregator.weigh(updates, round=int(self.round_idx) + 1)
-    run.lsa_weighing = weighing
+    run.lsa_weighing = weighing = run.aggregator.weigh(updates, round=int(self.round_idx) + 1)
     # FedML's reconstruction takes 1/N of the unmasked sum, N the round's clients.
-    n_clients = len(senders)
-    for sender, w in zip(senders, weighing.weights, strict=True):
+    for (sender, _), w in zip(scalars, weighing.weights, strict=True):
         msg = _message(MSG_SCALE, self.get_sender_id(), sender)
-        msg.add_params(KEY_SCALE, float(n_clients * w))
+        msg.add_params(KEY_SCALE, float(len(scalars) * w))
         self.send_message(msg)
 
 
@@ -185,42 +154,15 @@ def _receive_scale(self: Any, msg_params: Any) -> None:
 
 
 LSA = "fedml.cross_silo.lightsecagg"
+SERVER = (f"{LSA}.lsa_fedml_server_manager", "FedMLServerManager")
+AGGREGATOR = (f"{LSA}.lsa_fedml_aggregator", "LightSecAggAggregator")
+CLIENT = (f"{LSA}.lsa_fedml_client_manager", "FedMLClientManager")
 #: ``(module, class, method, replacement)`` for :mod:`fl_adapters.fedml.patches.cross_silo`.
 TARGETS = (
-    (
-        f"{LSA}.lsa_fedml_server_manager",
-        "FedMLServerManager",
-        "register_message_receive_handlers",
-        server_handlers,
-    ),
-    (
-        f"{LSA}.lsa_fedml_server_manager",
-        "FedMLServerManager",
-        "handle_message_client_status_update",
-        server_status,
-    ),
-    (
-        f"{LSA}.lsa_fedml_aggregator",
-        "LightSecAggAggregator",
-        "aggregate_model_reconstruction",
-        reconstruct,
-    ),
-    (
-        f"{LSA}.lsa_fedml_client_manager",
-        "FedMLClientManager",
-        "register_message_receive_handlers",
-        client_handlers,
-    ),
-    (
-        f"{LSA}.lsa_fedml_client_manager",
-        "FedMLClientManager",
-        "_FedMLClientManager__offline",
-        client_offline,
-    ),
-    (
-        f"{LSA}.lsa_fedml_client_manager",
-        "FedMLClientManager",
-        "_FedMLClientManager__train",
-        client_train,
-    ),
+    (*SERVER, "register_message_receive_handlers", server_handlers),
+    (*SERVER, "handle_message_client_status_update", server_status),
+    (*AGGREGATOR, "aggregate_model_reconstruction", reconstruct),
+    (*CLIENT, "register_message_receive_handlers", client_handlers),
+    (*CLIENT, "_FedMLClientManager__offline", client_offline),
+    (*CLIENT, "_FedMLClientManager__train", client_train),
 )

@@ -1,20 +1,9 @@
-"""fedbalance inside an unmodified FedML 0.9.6: the methods each mode's patches wrap.
-
-==================  ================================  =========================================
-mode                module                            wraps (client training; aggregation)
-==================  ================================  =========================================
-sp simulation       :mod:`.sp`                        ``Client.train``; ``FedAvgAPI._aggregate``
-MPI simulation      :mod:`.mpi`                       ``FedAVGTrainer.train``;
-                                                      ``FedAVGAggregator.aggregate``
-cross-silo          :mod:`.cross_silo`                ``FedMLTrainer.train``;
-                                                      ``FedMLAggregator.aggregate``
-==================  ================================  =========================================
-
-:mod:`.distributed` holds what the MPI simulation and cross-silo share. Each wrapper takes
-fedbalance's path only when ``self.args`` names a fedbalance aggregator
-(:func:`fl_adapters.fedml.adapter.state_for`), and FedML's own method otherwise; ``fedml.init``
-and ``FedMLRunner`` check the settings before any training (:func:`~.adapter.validate`);
-``fedml.init`` checks what the config alone decides before FedML's own init runs.
+"""fedbalance inside an unmodified FedML 0.9.6: each mode's module (:mod:`.sp`, :mod:`.mpi`,
+:mod:`.cross_silo`, with :mod:`.distributed` shared by the last two) lists in ``TARGETS`` the
+methods it wraps. Each wrapper takes fedbalance's path only when ``self.args`` names a
+fedbalance aggregator (:func:`~fl_adapters.fedml.adapter.state_for`); ``fedml.init`` checks
+what the config alone decides before FedML's own init runs, and ``fedml.init`` and
+``FedMLRunner`` check the rest before any training (:func:`~.adapter.validate`).
 """
 
 from __future__ import annotations
@@ -22,25 +11,10 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from fl_adapters.autoload import PATCHES
 from fl_adapters.fedml.adapter import check_before_init, state_for, validate
-
-#: ``(module, class, method, host, replacement)``
-Target = tuple[str, str, str, str, Callable[..., Any]]
-
-
-def targets() -> tuple[Target, ...]:
-    """Every method fedbalance wraps in FedML, with the host (mode) whose runs it serves."""
-    from fl_adapters.fedml.patches import cross_silo, mpi, sp
-
-    return tuple(
-        (module, cls, method, mode.HOST, replacement)
-        for mode in (sp, mpi, cross_silo)
-        for module, cls, method, replacement in mode.TARGETS
-    )
 
 
 def _wrapper(original: Any, host: str, replacement: Any) -> Any:
@@ -52,7 +26,6 @@ def _wrapper(original: Any, host: str, replacement: Any) -> Any:
             return original(self, *a, **kw)
         return replacement(self, original, *a, **kw)
 
-    wrapper._fedbalance = True  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -66,13 +39,15 @@ def arm() -> None:
     from fedml.runner import FedMLRunner
 
     from fl_adapters.fedml import partition
+    from fl_adapters.fedml.patches import cross_silo, mpi, sp
 
     if getattr(fedml.init, "_fedbalance", False):
         return
     wrapped = []
-    for module, cls_name, method, host, replacement in targets():
-        cls = getattr(importlib.import_module(module), cls_name)
-        wrapped.append((cls, method, _wrapper(getattr(cls, method), host, replacement)))
+    for mode in (sp, mpi, cross_silo):
+        for module, cls_name, method, replacement in mode.TARGETS:
+            cls = getattr(importlib.import_module(module), cls_name)
+            wrapped.append((cls, method, _wrapper(getattr(cls, method), mode.HOST, replacement)))
     original_init = fedml.init
     original_runner = FedMLRunner.__init__
     load_arguments = fedml.load_arguments  # what FedML's init calls when given no args
@@ -109,8 +84,3 @@ def follow_fedml_logging() -> None:
     armed, each sampled evaluation) never showed in a FedML run."""
     for name in ("fl_adapters", "fl_aggregators", "fl_partitions"):
         logging.getLogger(name).parent = logging.root
-
-
-def disarm() -> None:
-    """Undo :func:`arm` (stock FedML again in this process)."""
-    PATCHES["fedml"].undo()

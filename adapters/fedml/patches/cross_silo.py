@@ -48,14 +48,13 @@ def send_init(self: Any, original: Any) -> Any:
     params = with_rad(
         self.aggregator.get_global_model_params(), astraea.planner.rad, self.args.round_idx + 1
     )
-    for hop in astraea.first_hops():  # the round's model goes to each mediator's first silo
+    for hop in astraea.relay.start():  # the round's model goes to each mediator's first silo
         self.send_message_init_config(hop.owner, params, hop.clients[0], None, None)
     return None
 
 
 def receive(self: Any, original: Any, msg_params: Any) -> Any:
-    astraea = shared.server_astraea(self)
-    if astraea is None:
+    if shared.server_astraea(self) is None:
         return original(self, msg_params)
     from fedml.cross_silo.server.message_define import MyMessage
 
@@ -63,13 +62,8 @@ def receive(self: Any, original: Any, msg_params: Any) -> Any:
         with shared.forwarding():
             self.send_message_sync_model_to_client(hop.owner, params, hop.clients[0])
 
-    sender = shared.relay(self, astraea, msg_params, MyMessage, pass_on)
-    if sender is None:
-        return None
-    shared.all_uploaded(
-        self.aggregator, self.aggregator.client_num, self.client_real_ids.index(sender)
-    )
-    return original(self, msg_params)
+    silos, index = self.aggregator.client_num, self.client_real_ids.index
+    return shared.relay(self, original, msg_params, MyMessage, pass_on, silos, index)
 
 
 def send_sync(
@@ -77,9 +71,8 @@ def send_sync(
 ) -> Any:
     run = current()
     astraea = shared.server_astraea(self)
-    if astraea is None or run.forwarding:
-        return original(self, receive_id, params, client_index, *a, **kw)
-    if self.args.round_idx + 1 >= self.round_num:  # the final model: every silo, then finish
+    # Not mediated, a model passed along a chain, or the final model (every silo, then finish).
+    if astraea is None or run.forwarding or self.args.round_idx + 1 >= self.round_num:
         return original(self, receive_id, params, client_index, *a, **kw)
     if run.planned_round != self.args.round_idx:  # FedML has picked the next round
         astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
@@ -115,9 +108,8 @@ def aggregate_round(self: Any, original: Any) -> Any:
         model_list = run.silo_astraea.model_list()
     else:
         model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.client_num)]
-    model_list, idxes = self.aggregator.on_before_aggregation(
-        model_list
-    )  # FedML's DP/defence hooks
+    # FedML's DP/defence hooks
+    model_list, idxes = self.aggregator.on_before_aggregation(model_list)
     averaged = aggregate(model_list, self.get_global_model_params())
     averaged = self.aggregator.on_after_aggregation(averaged)
     self.set_global_model_params(averaged)
@@ -130,9 +122,8 @@ class WaitingQueue(queue.Queue):
     it is empty, and returns as soon as one is put.
 
     FedML 0.9.6's gRPC receive loop polls its queue's ``qsize``, and the loop's ``sleep`` sits
-    after its ``while``, so an idle silo or server spins a whole core (a 2-round, 3-process run
-    here: 42.5 CPU-s in its processes; 33.3 with this). The loop waits here instead; messages,
-    their order and their handling stay FedML's.
+    after its ``while``, so an idle silo or server spins a whole core. The loop waits here
+    instead; messages, their order and their handling stay FedML's.
     """
 
     def qsize(self) -> int:
@@ -158,19 +149,15 @@ SILO = "fedml.cross_silo"
 SERVER = (f"{SILO}.server.fedml_server_manager", "FedMLServerManager")
 CLIENT = (f"{SILO}.client.fedml_client_master_manager", "ClientMasterManager")
 TRAINER = (f"{SILO}.client.fedml_trainer", "FedMLTrainer")
+AGGREGATOR = (f"{SILO}.server.fedml_aggregator", "FedMLAggregator")
 #: ``(module, class, method, replacement)``
 TARGETS = (
     (*TRAINER, "train", shared.train),
     # Over gRPC, each process's message loop waits for messages instead of spinning.
     (*SERVER, "run", quiet_run),
     (*CLIENT, "run", quiet_run),
-    (f"{SILO}.server.fedml_aggregator", "FedMLAggregator", "aggregate", aggregate_round),
-    (
-        f"{SILO}.server.fedml_aggregator",
-        "FedMLAggregator",
-        "test_on_server_for_all_clients",
-        shared.test_round,
-    ),
+    (*AGGREGATOR, "aggregate", aggregate_round),
+    (*AGGREGATOR, "test_on_server_for_all_clients", shared.test_round),
     # Resume: the silos learn the server's round.
     (*SERVER, "send_message_init_config", shared.tag_init),
     (*CLIENT, "handle_message_init", client_init),

@@ -10,7 +10,6 @@ through the server (:func:`relay`), and FedML aggregates once every mediator is 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -19,35 +18,26 @@ import torch
 
 from fl_adapters._training import evaluates
 from fl_adapters.astraea import RebalancedCache
-from fl_adapters.checkpoint import check_plan
 from fl_adapters.fedml import checkpoint
 from fl_adapters.fedml.adapter import clean_params, current, evaluation, train_with_validation
 from fl_adapters.fedml.astraea import SiloAstraea, seeded_training, silo_data, take_rad, with_rad
 from fl_adapters.fedml.payload import KEY_ROUND
 
-log = logging.getLogger(__name__)
-
 
 def train(self: Any, original: Any, round_idx: Any = None) -> Any:
     run = current()
     self.args.round_idx = round_idx
+    client = int(self.client_index)
     data, n = self.train_local, self.local_sample_number
-    rad = run.rad  # MPI Astraea: this client's data, rebalanced once
-    if rad is None:
-        params = train_with_validation(
-            self.trainer, None, data, int(self.client_index), self.device, self.args
-        )
-        return params, n
-
-    if run.silo_data is None:
-        run.silo_data = RebalancedCache()
-    cache = run.silo_data
-    data, n = silo_data(cache, int(self.client_index), self.train_local, rad, run.seed)
-    round_number = run.astraea_round or int(round_idx or 0) + 1  # the server's
-    with seeded_training(run.seed, int(self.client_index), round_number, 0):
-        params = train_with_validation(
-            self.trainer, None, data, int(self.client_index), self.device, self.args
-        )
+    seeding: Any = contextlib.nullcontext()
+    if run.rad is not None:  # MPI Astraea: this client's data, rebalanced once
+        if run.silo_data is None:
+            run.silo_data = RebalancedCache()
+        data, n = silo_data(run.silo_data, client, data, run.rad, run.seed)
+        round_number = run.astraea_round or int(round_idx or 0) + 1  # the server's
+        seeding = seeded_training(run.seed, client, round_number, 0)
+    with seeding:
+        params = train_with_validation(self.trainer, None, data, client, self.device, self.args)
     return params, n
 
 
@@ -85,26 +75,27 @@ def server_astraea(manager: Any) -> Any:
     return run.silo_astraea
 
 
-def relay(self: Any, astraea: Any, msg_params: Any, keys: Any, pass_on: Any) -> int | None:
+def relay(
+    self: Any, original: Any, msg_params: Any, keys: Any, pass_on: Any, count: int, index: Any
+) -> Any:
     """A mediator's model came back to the server (MPI and cross-silo alike): the server plays
-    the mediator and ``pass_on(hop, params)`` sends it to the chain's next client; ``None``
-    until every mediator of the round is done, then the last sender."""
-
+    the mediator and ``pass_on(hop, params)`` sends it to the chain's next client. Once every
+    mediator is done, FedML's handler runs: it aggregates (our wrapper reads the mediators'
+    models), tests and starts the next round; its all-received check wants one flag per client
+    process (``count`` of them, ``index(sender)`` the sender's)."""
+    astraea = server_astraea(self)
     sender = int(msg_params.get(keys.MSG_ARG_KEY_SENDER))
     params = msg_params.get(keys.MSG_ARG_KEY_MODEL_PARAMS)
     nxt = astraea.received(sender, params, int(msg_params.get(keys.MSG_ARG_KEY_NUM_SAMPLES)))
     if nxt is not None:
         pass_on(nxt, with_rad(params, astraea.planner.rad, self.args.round_idx + 1))
         return None
-    return sender if astraea.done() else None
-
-
-def all_uploaded(aggregator: Any, count: int, sender: int) -> None:
-    """Every mediator is done: FedML aggregates (our wrapper reads the mediators' models), tests
-    and starts the next round. Its all-received check wants one flag per client process."""
+    if not astraea.relay.done():
+        return None
     for i in range(count):
-        if i != sender:
-            aggregator.flag_client_model_uploaded_dict[i] = True
+        if i != index(sender):
+            self.aggregator.flag_client_model_uploaded_dict[i] = True
+    return original(self, msg_params)
 
 
 @contextlib.contextmanager
@@ -123,47 +114,27 @@ def resume_server(manager: Any) -> None:
     run = current()
     if run.first_round is not None or checkpoint.resume_path(manager.args) is None:
         return
-    ckpt = checkpoint.load(manager.args)
     astraea = server_astraea(manager)
-    if astraea is not None:
-        check_plan(ckpt.plan, astraea.planner.plan.as_dict())
-    ckpt.check_model(
-        clean_params(manager.aggregator.get_global_model_params()),
-        checkpoint.resume_path(manager.args),
-    )
+    model = clean_params(manager.aggregator.get_global_model_params())
+    ckpt = checkpoint.resume(manager.args, model, run.aggregator, run.host, astraea)
     manager.aggregator.set_global_model_params(ckpt.model)
-    run.aggregator.load_state_dict(ckpt.aggregator)
-    manager.args.round_idx = ckpt.round
-    run.first_round = ckpt.round
-    log.info(
-        "fedbalance: FedML %s resumes after round %d of %d",
-        run.host,
-        ckpt.round,
-        manager.args.comm_round,
-    )
+    manager.args.round_idx = run.first_round = ckpt.round
 
 
 def server_checkpoint(aggregator: Any, params: Any) -> None:
     """MPI simulation / cross-silo: the server's checkpoint after the round it aggregated."""
     run = current()
-    astraea = run.silo_astraea
-    checkpoint.save(
-        aggregator.args,
-        aggregator.args.round_idx + 1,
-        params,
-        run.aggregator,
-        plan=astraea.planner.plan.as_dict() if astraea is not None else None,
-    )
+    args = aggregator.args
+    checkpoint.save(args, args.round_idx + 1, params, run.aggregator, run.silo_astraea)
 
 
 def tag_init(self: Any, original: Any, receive_id: Any, params: Any, *a: Any, **kw: Any) -> Any:
     """A resumed server's first messages carry its round: FedML's clients count rounds
     themselves (and stop on the count), from 0 unless told."""
     run = current()
-    if run.first_round is not None and isinstance(params, dict):
-        if KEY_ROUND not in params:
-            params = OrderedDict(params)
-            params[KEY_ROUND] = torch.tensor(self.args.round_idx + 1, dtype=torch.int64)
+    if run.first_round is not None and isinstance(params, dict) and KEY_ROUND not in params:
+        params = OrderedDict(params)
+        params[KEY_ROUND] = torch.tensor(self.args.round_idx + 1, dtype=torch.int64)
     return original(self, receive_id, params, *a, **kw)
 
 

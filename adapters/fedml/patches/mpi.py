@@ -64,15 +64,14 @@ def send_init(self: Any, original: Any) -> Any:
     params = with_rad(
         self.aggregator.get_global_model_params(), astraea.planner.rad, self.args.round_idx + 1
     )
-    for hop in astraea.first_hops():  # the round's model goes to each mediator's first worker
+    for hop in astraea.relay.start():  # the round's model goes to each mediator's first worker
         self.send_message_init_config(hop.owner, params, hop.clients[0])
     return None
 
 
 def receive(self: Any, original: Any, msg_params: Any) -> Any:
     run = current()
-    astraea = shared.server_astraea(self)
-    if astraea is None:
+    if shared.server_astraea(self) is None:
         return original(self, msg_params)
     from fedml.simulation.mpi.fedavg.message_define import MyMessage
 
@@ -83,11 +82,8 @@ def receive(self: Any, original: Any, msg_params: Any) -> Any:
             with shared.forwarding():
                 self.send_message_sync_model_to_client(hop.owner, params, hop.clients[0])
 
-    sender = shared.relay(self, astraea, msg_params, MyMessage, pass_on)
-    if sender is None:
-        return None
-    shared.all_uploaded(self.aggregator, self.aggregator.worker_num, sender - 1)
-    return original(self, msg_params)
+    workers = self.aggregator.worker_num  # worker w trains FedML's client_indexes[w-1]
+    return shared.relay(self, original, msg_params, MyMessage, pass_on, workers, lambda s: s - 1)
 
 
 def send_sync(self: Any, original: Any, receive_id: Any, params: Any, client_index: Any) -> Any:

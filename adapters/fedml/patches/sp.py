@@ -52,16 +52,9 @@ def client_train(self: Any, original: Any, w_global: Any) -> Any:
 def train(self: Any, original: Any) -> Any:
     run = current()
     if checkpoint.resume_path(self.args) is not None:
-        ckpt = checkpoint.load(self.args)
-        ckpt.check_model(
-            clean_params(self.model_trainer.get_model_params()), checkpoint.resume_path(self.args)
-        )
-        self.model_trainer.set_model_params(ckpt.model)
-        run.aggregator.load_state_dict(ckpt.aggregator)
-        run.resume = ckpt
-        log.info(
-            "fedbalance: FedML sp resumes after round %d of %d", ckpt.round, self.args.comm_round
-        )
+        model = clean_params(self.model_trainer.get_model_params())
+        run.resume = checkpoint.resume(self.args, model, run.aggregator, "sp")
+        self.model_trainer.set_model_params(run.resume.model)
     result = original(self)
     save_checkpoint(self, int(self.args.comm_round))
     return result
@@ -71,15 +64,9 @@ def save_checkpoint(self: Any, rounds_done: int) -> None:
     """sp's checkpoint after ``rounds_done`` rounds, taken as the next round begins (after
     FedML's test, which draws from torch's RNG through its shuffling loaders)."""
     run = current()
-    astraea = run.astraea
-    checkpoint.save(
-        self.args,
-        rounds_done,
-        self.model_trainer.get_model_params(),
-        run.aggregator,
-        plan=astraea.planner.plan.as_dict() if astraea is not None else None,
-        rng=checkpoint.rng_state(),
-    )
+    params = self.model_trainer.get_model_params()
+    rng = checkpoint.rng_state()
+    checkpoint.save(self.args, rounds_done, params, run.aggregator, run.astraea, rng)
 
 
 def client_sampling(self: Any, original: Any, round_idx: Any, *a: Any, **kw: Any) -> Any:
