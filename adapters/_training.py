@@ -69,13 +69,11 @@ def evaluated_clients(num_clients: int, fraction: float, seed: int, round_number
     return sorted(rng.sample(range(num_clients), size))
 
 
-def make_optimizer(
-    name: str, params: Iterable[nn.Parameter], lr: float, momentum: float = 0.0
-) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
     if name == "adam":
         return torch.optim.Adam(params, lr=lr)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+        return torch.optim.SGD(params, lr=lr)
     raise ParameterError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 

@@ -1,22 +1,12 @@
 """Arms fedbalance's host adapters when FedLab or FedML is imported — no edit to host scripts.
 
-fedbalance installs ``fedbalance_autoload.pth`` into site-packages; at interpreter start it
-calls :func:`install`, which puts a tiny finder on ``sys.meta_path``. The finder does nothing
-until a top-level ``fedlab`` or ``fedml`` import, then, right after that package's
-``__init__``, :func:`arm_host` runs the adapter's ``arm()``:
-
-* FedLab: armed only when ``FEDBALANCE_AGGREGATOR`` is set (see
-  :mod:`fl_adapters.fedlab.patches`); inert otherwise.
-* FedML: armed on every import, but inert unless the host's config names a fedbalance
-  aggregator (see :mod:`fl_adapters.fedml.patches`).
-
-A plugin never breaks its host. The adapters are armed only against the host versions they
-were written for (:data:`SUPPORTED`); on any other version, or when arming raises anything at
-all, every patch already made is undone, the host runs exactly as stock, and one line on
-stderr says what was found, what is supported and how to force (``FEDBALANCE_FORCE_HOST=1``)
-or disable (``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1``) the autoload. Only a run that explicitly
-names a fedbalance aggregator stops: ``FEDBALANCE_AGGREGATOR`` at ``import fedlab``, or an
-``aggregator:`` key at ``fedml.init()``, with :class:`HostNotSupported` naming the host version.
+``fedbalance_autoload.pth`` calls :func:`install` at interpreter start: a finder on
+``sys.meta_path`` that, right after ``import fedlab`` / ``import fedml``, runs the adapter's
+``arm()`` through :func:`arm_host` (FedLab only when ``FEDBALANCE_AGGREGATOR`` is set; FedML
+always, inert unless its config names a fedbalance aggregator). On a release outside
+:data:`SUPPORTED`, or any error while arming, every patch is undone and the host runs stock;
+only a run that names a fedbalance aggregator stops, with :class:`HostNotSupported`
+(``docs/install.md``, "Your host stays yours").
 
 This module imports nothing heavy: it runs in every Python process of the environment.
 """

@@ -1,17 +1,10 @@
-"""Run checkpoints: everything needed to resume a run so it ends on exactly the same model.
+"""Run checkpoints: everything needed to resume a run so it ends on exactly the same model
+(what they hold and what may change: ``docs/run.md``, "Check, stop, resume").
 
-A run writes ``checkpoint.pt`` after every aggregation (atomically: a temporary file, then a
-rename, so a run killed mid-write keeps the previous checkpoint). It holds the global
-parameters, the aggregator's ``state_dict()`` (FedAvgM's momentum), the client sampler's RNG
-state, how often each client has trained (local training is seeded by ``(seed, client,
-participation)``), the Astraea plan when there is one, and the metrics rows so far.
-
-Resuming with the same config — ``rounds`` may grow — then replays nothing and continues
-from round ``k + 1``; every random choice after that is what the uninterrupted run makes.
-
-The file is read with ``torch.load(weights_only=True)``: tensors and plain containers
-only, never arbitrary pickled objects. A damaged, tampered or foreign file is a clear
-``ValueError``.
+Written atomically (a temporary file, then a rename: a run killed mid-write keeps the previous
+one); each client's training count is kept because local training is seeded by ``(seed,
+client, participation)``. Read with ``torch.load(weights_only=True)``: a damaged, tampered or
+foreign file is a clear ``ValueError``.
 """
 
 from __future__ import annotations
@@ -34,8 +27,6 @@ VERSION = 1
 NAME = "checkpoint.pt"
 #: Config fields a resumed run may change (a longer run continues a shorter one).
 MAY_CHANGE = hosts.MAY_CHANGE
-
-
 #: How a checkpoint's host is named in messages.
 HOST_LABELS = {h.name: h.label for h in hosts.BUILTIN_HOSTS}
 
@@ -198,10 +189,14 @@ class Checkpoint:
         written = RunConfig().to_dict() | self.config
         keys = (set(config) | set(self.config)) - set(MAY_CHANGE)
         refuse_changes(path, written, config, keys, label="config", what="run config")
-        if config.get("rounds", 0) < self.round:
+        self.check_rounds("rounds", config.get("rounds", 0))
+
+    def check_rounds(self, key: str, rounds: Any) -> None:
+        """Refuse a run shorter than the checkpoint (``key``: the host's name for its rounds)."""
+        if rounds < self.round:
             raise CheckpointError(
-                f"rounds must be at least the checkpoint's round ({self.round}) to resume, "
-                f"got {config.get('rounds')!r}"
+                f"{key} must be at least the checkpoint's round ({self.round}) to resume, "
+                f"got {rounds!r}"
             )
 
 

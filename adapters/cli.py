@@ -154,30 +154,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
-def require_host(config: Any) -> None:
-    """Stop before anything runs when fedbalance cannot serve the installed host release."""
+def load_config(path: str) -> RunConfig:
+    """The run config at ``path``; stops before anything runs when fedbalance cannot serve the
+    installed host release."""
+    from fl_adapters.config import RunConfig
+
+    config = RunConfig.load(path)
     get_registry().host_for(config.framework).require()
+    return config
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fl_adapters.config import RunConfig
-
-    config = RunConfig.load(args.config)
-    require_host(config)
+    config = load_config(args.config)
     if args.check:
         from fl_adapters.experiment import check
 
         print(json.dumps({"config": "ok", **check(config)}))
         return 0
     from fl_adapters._training import TRAIN_CLOCK
+    from fl_adapters.hosts import RunOptions
     from fl_adapters.rundir import claim
     from fl_aggregators.record import check_target
 
     check_target()  # FEDBALANCE_RECORD: a place that can hold the record, before any training
     check_target(env=TRAIN_CLOCK)  # and the training clock's file, if one is asked for
     out = Path(args.out)
+    options = RunOptions(
+        progress=not args.no_progress,
+        resume=args.resume,
+        processes=args.processes,
+        config_path=Path(args.config),
+    )
     with claim(out, resume=args.resume, overwrite=args.overwrite):
-        summary = _run(config, out, args)
+        summary = get_registry().host_for(config.framework).run(config, out, options)
     print(
         json.dumps(
             {k: summary[k] for k in ("rounds", "final_accuracy", "best_accuracy", "best_round")}
@@ -187,27 +196,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(config: Any, out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The run on its host (``out`` claimed)."""
-    from fl_adapters.hosts import RunOptions
-
-    options = RunOptions(
-        progress=not args.no_progress,
-        resume=args.resume,
-        processes=args.processes,
-        config_path=Path(args.config),
-    )
-    summary: dict[str, Any] = get_registry().host_for(config.framework).run(config, out, options)
-    return summary
-
-
 def cmd_fedlab_server(args: argparse.Namespace) -> int:
-    from fl_adapters.config import RunConfig
     from fl_adapters.fedlab.runner import run_server
     from fl_adapters.rundir import claim
 
-    config = RunConfig.load(args.config)
-    require_host(config)
+    config = load_config(args.config)
     with claim(Path(args.out), resume=args.resume, overwrite=args.overwrite):
         run_server(
             config,
@@ -221,13 +214,10 @@ def cmd_fedlab_server(args: argparse.Namespace) -> int:
 
 
 def cmd_fedlab_client(args: argparse.Namespace) -> int:
-    from fl_adapters.config import RunConfig
     from fl_adapters.fedlab.runner import run_client
 
     resume_from = Path(args.resume_from) if args.resume_from else None
-    config = RunConfig.load(args.config)
-    require_host(config)
-    run_client(config, args.rank, args.world_size, args.host, resume_from)
+    run_client(load_config(args.config), args.rank, args.world_size, args.host, resume_from)
     return 0
 
 
@@ -339,12 +329,6 @@ BENCHES = {
 
 
 # -- parser -----------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse's own: usage + message, exit 2
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an int of at least ``minimum``."""
 
@@ -374,11 +358,11 @@ def optional_float(text: str) -> float | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = argparse.ArgumentParser(
         prog="fedbalance", description="Bias-mitigation plugins for FedLab, FedML and Flower."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="list aggregators and partitioners")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -471,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_fedlab_client)
 
     p = sub.add_parser("astraea", help="Astraea tools")
-    astraea = p.add_subparsers(dest="astraea_command", required=True, parser_class=_Parser)
+    astraea = p.add_subparsers(dest="astraea_command", required=True)
     p = astraea.add_parser("plan", help="z-score rebalancing plan and mediator assignment as JSON")
     p.add_argument("--class-counts", help="JSON list of lists: clients x classes counts")
     p.add_argument(
@@ -522,13 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for name in (
-        "fedbalance",
-        "fl_adapters",
-        "fl_aggregators",
-        "fl_partitions",
-        "fedbalance_benchmarks",
-    ):
+    for name in "fedbalance fl_adapters fl_aggregators fl_partitions fedbalance_benchmarks".split():
         logging.getLogger(name).setLevel(logging.DEBUG if args.verbose else logging.INFO)
     # torch warns about a deprecated pynvml on import; irrelevant on a CPU command line.
     warnings.filterwarnings("ignore", message=".*pynvml.*", category=FutureWarning)

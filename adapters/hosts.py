@@ -1,12 +1,8 @@
-"""A host is one spec: what fedbalance needs to know to serve a federated-learning framework.
-
-Each :class:`HostSpec` names the host, the ``framework`` values of a run config it serves, the
-releases it supports, how ``fedbalance run`` runs (and resumes) it, how the installed release
-is checked and which module arms it inside a stock deployment (a resumed run may change the
-same config keys on every host: :data:`MAY_CHANGE`). The CLI, the run config's validation and the autoload read the specs; a host
-is registered through the ``fedbalance_hosts`` hook (:mod:`fl_adapters.hookspecs`), the three
-built-in ones directly (:data:`BUILTIN_HOSTS`), so a fourth host is one package and one
-entry-point line.
+"""A host is one spec (:class:`HostSpec`): its name, the ``framework`` values it serves, the
+releases it supports, how ``fedbalance run`` runs and resumes it, how it is armed inside a stock
+deployment; the config keys a resumed run may change are the same on every host
+(:data:`MAY_CHANGE`). A host registers through the ``fedbalance_hosts`` hook, the three
+built-in ones directly (:data:`BUILTIN_HOSTS`): ``docs/architecture.md``, "Hosts as specs".
 
 This module imports no host and nothing heavy: the autoload reads it at interpreter start. The
 built-in specs live here rather than in their subpackages because importing

@@ -13,6 +13,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 
 def exit_reason(code: int) -> str:
@@ -24,6 +27,15 @@ def exit_reason(code: int) -> str:
             name = ""
         return f"was killed by signal {-code}{name}"
     return f"exited with code {code}"
+
+
+def start_logged(argv: list[str], log: Path, **popen: Any) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with its output (stdout and stderr) in ``log``, in a session of its own:
+    :func:`stop` kills its process group, so whatever it starts goes with it."""
+    with open(log, "wb") as fh:
+        return subprocess.Popen(
+            argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, **popen
+        )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> list[int]:
@@ -167,21 +179,9 @@ def descendants(pid: int) -> list[int]:
     before stopping their ancestor, and stop whatever of them is still alive after.
     """
     children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
+    for child, stat in _proc("stat"):
         # The command name may hold spaces or parentheses: the fields start after the last ")".
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        children.setdefault(int(stat.rsplit(b")", 1)[1].split()[1]), []).append(child)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -203,18 +203,22 @@ def matching(marks: list[str]) -> list[int]:
     """Live processes (other than this one) whose command line contains any of ``marks``
     (Linux ``/proc``; empty elsewhere)."""
     found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(mark in cmd for mark in marks):
-            found.append(int(entry))
+    for pid, raw in _proc("cmdline"):
+        cmd = raw.replace(b"\0", b" ").decode(errors="replace")
+        if pid != os.getpid() and any(mark in cmd for mark in marks):
+            found.append(pid)
     return found
+
+
+def _proc(name: str) -> Iterator[tuple[int, bytes]]:
+    """``(pid, /proc/PID/NAME)`` of every live process (none where there is no ``/proc``)."""
+    try:
+        entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return
+    for pid in entries:
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as fh:
+                yield pid, fh.read()
+        except OSError:  # it ended meanwhile
+            continue

@@ -1,26 +1,8 @@
-"""Astraea's host-independent pieces, one module a role:
-
-* the pure plan math (z-scores, ``Rad``, the greedy mediator grouping) and the aggregator are
-  in the numpy/torch core: :mod:`fl_aggregators.astraea_plan`, :mod:`fl_aggregators.astraea`;
-* :mod:`.planner`: the server's plan and each round's mediators (:class:`AstraeaPlanner`);
-* :mod:`.rebalance`: the clients' rebalanced data and its cache (:class:`RebalancedCache`);
-* :mod:`.relay`: the mediators' chains (:class:`MediatorRelay`, :func:`run_mediator`);
-* each host's glue to its own messages: :mod:`fl_adapters.fedlab.astraea`,
-  :mod:`fl_adapters.fedml.astraea`, :mod:`fl_adapters.flower.astraea`.
-
-The hosts run rounds in their framework's loop and call these:
-
-* :class:`AstraeaPlanner` (server): from the clients' reported label counts, the z-score plan
-  (:func:`~fl_aggregators.astraea_plan.plan_rebalance`) and, each round, the mediators of the
-  sampled clients (:func:`~fl_aggregators.astraea_plan.assign_mediators`) with their KL values.
-* :func:`rebalance` (client): keeps a majority-class sample with probability ``Rad[y]`` and
-  adds ``Rad[y] - 1`` augmented copies of each minority-class sample (in expectation: the
-  integer part always, the fractional part with that probability), made with torchvision's
-  ``RandomAffine`` (shift, rotation, shear, zoom), then shuffles.
-* :class:`MediatorRelay` (mediator): the chain bookkeeping every host shares — which member
-  trains next, on whom, how many passes (``mediator_epochs``), and one result per mediator with
-  its sample count. :func:`run_mediator` runs a chain in one process; FedLab cross-process and
-  FedML's MPI modes relay each hop's model between processes through the server.
+"""Astraea's host-independent pieces, one module a role (see ``docs/architecture.md``):
+:mod:`.planner` (the server's plan and each round's mediators), :mod:`.rebalance` (the
+clients' rebalanced data and its cache) and :mod:`.relay` (the mediators' chains). The plan
+math and the aggregator are in :mod:`fl_aggregators.astraea_plan` and
+:mod:`fl_aggregators.astraea`; each host's ``astraea`` module is the glue to its messages.
 
 What the paper leaves open, and what we chose:
 

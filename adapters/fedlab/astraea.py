@@ -1,33 +1,13 @@
 """Astraea in FedLab: a server handler that plans mediators, a serial trainer whose units are
 mediators, and the relay that carries mediators across processes.
 
-Standalone, each round, in FedLab's own ``StandalonePipeline`` loop:
-
-1. :meth:`AstraeaServerHandler.sample_clients` samples clients as FedLab does and groups them
-   into mediators (Algorithm 3 on their expected counts after rebalancing);
-2. its ``downlink_package`` is ``[params, rad, layout]``: the global model, the rebalancing
-   ratio per class, and the mediators (see :func:`encode_mediators`);
-3. :class:`AstraeaSerialTrainer` rebalances each client's data once (on first use, seeded by
-   ``(seed, client)``), runs each mediator's chain and uploads one ``[params, meta]`` per
-   mediator (``meta`` = mediator index, ``n_m``);
-4. the handler aggregates the mediators' models with the ``astraea`` aggregator (weights
-   ``n_m / n``) and records the mediators, their KL to uniform and the round's bytes.
-
-Clients "report" their label counts once: the runner counts each client's training labels and
-hands the matrix to the handler.
-
-Cross-process (``DistNetwork``): the clients are spread over processes, so the server relays
-each mediator's model between them (:func:`relay_rounds`, on the host-free
-:class:`~fl_adapters.astraea.MediatorRelay`). Each client process reports its clients' label
-counts once, right after FedLab's own set-up message (:func:`report_counts`). Each round the
-server sends a mediator's model to the process holding its first member(s) as
-``[local ids, params, rad, hop]`` (``hop`` = ``[-1, mediator, global ids...]``, see
-:func:`encode_hop`); that process trains those members in order, from the model it got, and
-uploads ``[params, meta]`` (``meta`` = mediator index, samples); the server sends the result to
-the process of the next member, ``mediator_epochs`` passes over the chain, and aggregates one
-model per mediator with weights ``n_m / n``. Consecutive members held by one process train in a
-row with no round trip. Each client process rebalances a client's data once, from the ``rad``
-the server sends. Mediators run side by side: each process trains the hops it receives in order.
+Standalone: the handler's downlink is ``[params, rad, layout]`` (:func:`encode_mediators`) and
+the trainer uploads one ``[params, meta]`` per mediator (``meta`` = mediator index, ``n_m``).
+Cross-process: each client process reports its label counts once after FedLab's set-up
+(:func:`report_counts`), and the server relays each mediator's model between the processes
+holding its members (:func:`relay_rounds` on :class:`~fl_adapters.astraea.MediatorRelay`):
+``[local ids, params, rad, hop]`` down (:func:`encode_hop`), ``[params, meta]`` up. The
+protocol as a whole is in ``docs/astraea.md`` (FedLab rows).
 """
 
 from __future__ import annotations
@@ -51,11 +31,7 @@ from fl_adapters.astraea import (
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.payload import encode, pack_meta
-from fl_adapters.fedlab.trainer import (
-    FedBalanceSerialTrainer,
-    LocalConfig,
-    UplinkHook,
-)
+from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer, LocalConfig, UplinkHook
 from fl_aggregators.astraea import Astraea
 from fl_partitions.params import ParameterError
 
@@ -174,11 +150,7 @@ def _relay_loop(
 
     while handler.if_stop is not True:
         mediators = plan()
-        relay = MediatorRelay(
-            mediators,
-            planner.aggregator.mediator_epochs,
-            owner=owner,
-        )
+        relay = MediatorRelay(mediators, planner.aggregator.mediator_epochs, owner=owner)
         start = handler.model_parameters
         for hop in relay.start():
             send(hop, start)
@@ -238,17 +210,9 @@ class AstraeaServerHandler(FedBalanceServerHandler):
         *,
         class_counts: Any,
         aggregator: str | Astraea = "astraea",
-        aggregator_args: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            model,
-            global_round,
-            sample_ratio,
-            aggregator=aggregator,
-            aggregator_args=aggregator_args,
-            **kwargs,
-        )
+        super().__init__(model, global_round, sample_ratio, aggregator=aggregator, **kwargs)
         if not isinstance(self.aggregator, Astraea):
             raise ParameterError(
                 f"AstraeaServerHandler needs the astraea aggregator, got {self.aggregator.name!r}"
@@ -283,16 +247,10 @@ class AstraeaServerHandler(FedBalanceServerHandler):
                 n = self.planner.bound_samples(self.round_mediators[m], claimed)
                 if n != claimed:
                     payload[1] = pack_meta(m, n, None)
-        rad_and_layout = 4 * (
-            len(self.planner.rad) + encode_mediators(self.round_mediators).numel()
-        )
-        self.planner.annotate(
-            self.astraea,
-            self.round_mediators,
-            param_bytes(self._model),
-            rad_and_layout,
-            models=[payload[0] for payload in buffer],
-        )
+        mediators, models = self.round_mediators, [payload[0] for payload in buffer]
+        rad_and_layout = 4 * (len(self.planner.rad) + encode_mediators(mediators).numel())
+        nbytes = param_bytes(self._model)
+        self.planner.annotate(self.astraea, mediators, nbytes, rad_and_layout, models=models)
         super().global_update(buffer)
 
 
@@ -310,9 +268,6 @@ class RebalancedData:
     def trained_counts(self) -> dict[int, np.ndarray]:
         """Label counts of each client's rebalanced data built so far (what it trains on)."""
         return self._cache.trained_counts
-
-    def set_rad(self, rad: np.ndarray) -> None:
-        self.rad = rad  # a new plan: the cache rebalances again
 
     def get_dataset(self, id: int, type: str = "train") -> Any:
         if type != "train" or self.rad is None:
@@ -361,7 +316,7 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
                 "AstraeaServerHandler"
             )
         params, rad, layout = payload[0], payload[1], payload[2]
-        self.rebalanced.set_rad(rad.double().numpy())
+        self.rebalanced.rad = rad.double().numpy()  # a new plan: the cache rebalances again
         hop = decode_hop(payload)
         if hop is not None:  # cross-process: one hop of a mediator's chain
             self.train_hop(params, hop[0], hop[1], id_list)

@@ -20,14 +20,9 @@ from fedlab.utils import SerializationTool
 from fl_adapters.fedlab.payload import decode
 from fl_adapters.registry import build_aggregator
 from fl_adapters.sampling import sample_round
-from fl_aggregators import AggregationResult, Aggregator, ClientUpdate
+from fl_aggregators import AggregationResult, Aggregator
 
 log = logging.getLogger(__name__)
-
-
-def buffer_to_updates(buffer: list[list[torch.Tensor]]) -> list[ClientUpdate]:
-    """FedLab's client buffer as fedbalance updates (a stock uplink is named by its place)."""
-    return [decode(payload, f"#{i}") for i, payload in enumerate(buffer)]
 
 
 def aggregate_into(
@@ -38,8 +33,9 @@ def aggregate_into(
     host: str,
 ) -> AggregationResult:
     """Aggregate FedLab ``buffer`` with ``aggregator`` and load the result into ``model``."""
+    updates = [decode(payload, f"#{i}") for i, payload in enumerate(buffer)]  # stock: by place
     result = aggregator.aggregate(
-        SerializationTool.serialize_model(model), buffer_to_updates(buffer), round=round, host=host
+        SerializationTool.serialize_model(model), updates, round=round, host=host
     )
     if not result.skipped:
         SerializationTool.deserialize_model(model, result.params)

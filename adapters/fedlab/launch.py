@@ -70,16 +70,8 @@ def run_distributed(
     world = client_processes + 1
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     base = [sys.executable, "-m", "fl_adapters.cli"]
-    server = [
-        *base,
-        "fedlab-server",
-        str(config_path),
-        "--out",
-        str(out_dir),
-        "--world-size",
-        str(world),
-        "--no-progress",
-    ]
+    server = [*base, "fedlab-server", str(config_path), "--out", str(out_dir)]
+    server += ["--world-size", str(world), "--no-progress"]
     client = [*base, "fedlab-client", str(config_path), "--world-size", str(world)]
     if resume:
         server.append("--resume")

@@ -15,25 +15,16 @@ classes in this process (and nothing when it is unset):
   when its ``get_dataset(id, "val")`` has one, otherwise a deterministic 10 % of its training
   data — train with FedLab's own ``train``, and append ``[client_id, num_samples, val_loss]``
   to the uplink. The validation loss is computed only if the aggregator needs it.
-* ``astraea`` (a mediated aggregator), standalone pipeline: ``SGDSerialClientTrainer.local_process``
-  counts every client's labels once (what the clients report), plans the rebalancing, groups
-  the round's clients into mediators and trains each chain with FedLab's own ``train`` on the
-  rebalanced data, uploading one package per mediator; ``SyncServerHandler.load`` waits for one
-  package per mediator.
-* ``astraea`` over ``DistNetwork`` (stock server and client scripts): each client process's
-  ``PassiveClientManager.setup`` reports its clients' label counts once;
-  ``SynchronousServerManager`` plans from them and relays each mediator's model through the
-  processes holding its members (:func:`fl_adapters.fedlab.astraea.relay_rounds`); the trainers
-  (``SGDSerialClientTrainer`` or ``SGDClientTrainer``) train the members of each hop in order
-  with FedLab's own ``train`` on data rebalanced once from the server's ``rad``.
+* ``astraea`` (mediated): the trainers train each mediator's chain with FedLab's own ``train``
+  on rebalanced data, ``SyncServerHandler.load`` waits for one package per mediator, and over
+  ``DistNetwork`` the managers exchange label counts once and relay the chains (see
+  ``docs/astraea.md``, FedLab rows).
 
-An unknown aggregator name stops ``import fedlab`` with the registry's message (listing the
-available names), before any training. A server handler or client trainer whose own code
-bypasses the patched methods (FedLab's FedNova, SCAFFOLD, FedDyn, qFFL, IFCA and asynchronous
-handlers, the FedProx/FedDyn/SCAFFOLD/FedNova/qFFL trainers, or a user's subclass that
-overrides them) is refused when it is constructed, naming the class and what works
-(:func:`check_handler`, :func:`check_trainer`): the aggregator would otherwise be silently
-unused. fedbalance's own classes (``_fedbalance_native``) aggregate themselves and pass.
+An unknown aggregator name stops ``import fedlab`` with the registry's message, before any
+training. A handler or trainer class whose own code bypasses the patched methods is refused
+when it is constructed (:func:`check_handler`, :func:`check_trainer`; the list is in
+``docs/hosts/beside.md``): the aggregator would otherwise be silently unused. fedbalance's own
+classes (``_fedbalance_native``) aggregate themselves and pass.
 ``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1`` turns it off.
 Client ids in the records are the ids FedLab hands the trainer (local ids in a cross-process
 run with serial trainers).
@@ -41,6 +32,7 @@ run with serial trainers).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -156,13 +148,7 @@ def _checked_init(original: Any, check: Any) -> Any:
 
 def _on(method: Any) -> Any:
     """A FedLab method (its object first) that runs ``method`` of a :class:`FedLabArming`."""
-
-    def patched(obj: Any, *a: Any, **kw: Any) -> Any:
-        return method(obj, *a, **kw)
-
-    patched.__name__ = patched.__qualname__ = method.__name__
-    patched.__doc__ = method.__doc__
-    return patched
+    return functools.wraps(method)(lambda obj, *a, **kw: method(obj, *a, **kw))
 
 
 class FedLabArming:
@@ -370,25 +356,20 @@ class FedLabArming:
         if mediated:  # Astraea also waits for one package per mediator in load
             server["load"] = vars(SyncServerHandler)["load"]
         trainers = {
-            SGDSerialClientTrainer: {
-                "local_process": vars(SGDSerialClientTrainer)["local_process"]
-            },
-            SGDClientTrainer: {
-                m: vars(SGDClientTrainer)[m] for m in ("local_process", "uplink_package")
-            },
+            cls: {m: vars(cls)[m] for m in names}
+            for cls, names in (
+                (SGDSerialClientTrainer, ("local_process",)),
+                (SGDClientTrainer, ("local_process", "uplink_package")),
+            )
         }
         name = self.name
-        patches.set(
-            ServerHandler,
-            "__init__",
-            _checked_init(ServerHandler.__init__, lambda c: check_handler(c, name, server)),
-        )
-        for base in (ClientTrainer, SerialClientTrainer):
-            patches.set(
-                base,
-                "__init__",
-                _checked_init(base.__init__, lambda c: check_trainer(c, name, trainers)),
-            )
+        checks = {
+            ServerHandler: lambda c: check_handler(c, name, server),
+            ClientTrainer: lambda c: check_trainer(c, name, trainers),
+            SerialClientTrainer: lambda c: check_trainer(c, name, trainers),
+        }
+        for base, check in checks.items():
+            patches.set(base, "__init__", _checked_init(base.__init__, check))
 
 
 def arm() -> None:
@@ -400,9 +381,3 @@ def arm() -> None:
     FedLabArming(name, args).apply(PATCHES["fedlab"])
     _armed.update(aggregator=name, args=args)
     log.info("fedbalance: FedLab armed with aggregator %r %s", name, args or "")
-
-
-def disarm() -> None:
-    """Undo :func:`arm` (for tests and notebooks that switch back to stock FedLab)."""
-    PATCHES["fedlab"].undo()
-    _armed.clear()

@@ -11,6 +11,7 @@ an uninterrupted run. A cross-process run's launcher is :mod:`fl_adapters.fedlab
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -302,7 +303,7 @@ def run_standalone(
     trainer: FedBalanceSerialTrainer
     if isinstance(handler, AstraeaServerHandler):
         trainer = AstraeaSerialTrainer(
-            _copy_model(exp.model),
+            copy.deepcopy(exp.model),
             exp.data,
             exp.local,
             handler.astraea.mediator_epochs,
@@ -311,7 +312,7 @@ def run_standalone(
         writer.astraea = handler.planner
     else:
         trainer = FedBalanceSerialTrainer(
-            _copy_model(exp.model), exp.data, exp.local, uplink_hook=uplink_hook
+            copy.deepcopy(exp.model), exp.data, exp.local, uplink_hook=uplink_hook
         )
     writer.trainer = trainer
     if ckpt is not None:
@@ -324,22 +325,12 @@ def run_standalone(
     return writer.summary()
 
 
-def _copy_model(model: torch.nn.Module) -> torch.nn.Module:
-    import copy
-
-    return copy.deepcopy(model)
-
-
 # -- cross-process ----------------------------------------------------------------------------
 def client_slices(num_clients: int, processes: int) -> list[list[int]]:
     """Contiguous client-id ranges, one per client process (FedLab's Coordinator maps them so)."""
     base, extra = divmod(num_clients, processes)
-    out, start = [], 0
-    for p in range(processes):
-        size = base + (p < extra)
-        out.append(list(range(start, start + size)))
-        start += size
-    return out
+    bounds = [p * base + min(p, extra) for p in range(processes + 1)]
+    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def run_server(

@@ -91,12 +91,7 @@ def load(args: Any) -> Checkpoint:
     ckpt = Checkpoint.load(path)
     ckpt.check_host("fedml", path)
     refuse_changes(path, ckpt.config, run_fields(args), SAME, may_change=MAY_CHANGE)
-    rounds = int(getattr(args, "comm_round", 0))
-    if rounds < ckpt.round:
-        raise CheckpointError(
-            f"comm_round must be at least the checkpoint's round ({ckpt.round}) to resume, "
-            f"got {rounds}"
-        )
+    ckpt.check_rounds("comm_round", int(getattr(args, "comm_round", 0)))
     return ckpt
 
 

@@ -33,7 +33,7 @@ from fl_adapters.checkpoint import Checkpoint, resume_hint
 from fl_adapters.config import RunConfig, RunFailed
 from fl_adapters.experiment import run_summary
 from fl_adapters.fedml.adapter import HOSTS, check_resume
-from fl_adapters.processes import stop, watch
+from fl_adapters.processes import start_logged, stop, watch
 from fl_adapters.rundir import RunFiles
 from fl_aggregators.record import ENV, RUN_ENV
 
@@ -171,12 +171,8 @@ def run_fedml(
         run_grpc(config, files, cfg_path, {"OMP_NUM_THREADS": "1"} | env, timeout)
         return collect(config, files, elapsed_s=time.monotonic() - started)
     log_path = out_dir / "fedml.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            command(config, cfg_path), cwd=out_dir, env=env, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,  # stopped with mpirun's ranks
-        )  # fmt: skip
-        failed = watch([("FedML", proc)], timeout)
+    proc = start_logged(command(config, cfg_path), log_path, cwd=out_dir, env=env)  # and its ranks
+    failed = watch([("FedML", proc)], timeout)
     if failed is not None:
         dead = mpi_casualty(log_path.read_text(errors="replace"))
         what = (
@@ -230,13 +226,8 @@ def run_grpc(
     try:
         # Silos first: when a silo dies, the server's error (if it has one) comes second.
         for rank, name in names.items():
-            with open(logs[rank], "w") as log:
-                proc = subprocess.Popen(
-                    [*script, "--rank", str(rank), "--role", "client" if rank else "server"],
-                    cwd=out_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own group: stopping it stops its children
-                )  # fmt: skip
-            procs.append((name, proc))
+            argv = [*script, "--rank", str(rank), "--role", "client" if rank else "server"]
+            procs.append((name, start_logged(argv, logs[rank], cwd=out_dir, env=env)))
     except BaseException:
         for _, proc in procs:
             stop(proc)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, refuse_changes
+from fl_adapters.checkpoint import NAME, Checkpoint, refuse_changes
 from fl_adapters.flower.config import (
     CHECKPOINT_KEY,
     EVAL_EVERY_KEY,
@@ -76,9 +76,5 @@ def load(
     ckpt.check_host(HOST, path)
     keys = set(run) if partial else set(run) | set(ckpt.config)
     refuse_changes(path, ckpt.config, run, keys, may_change=MAY_CHANGE)
-    if rounds < ckpt.round:
-        raise CheckpointError(
-            f"{WHERE} {ROUNDS_KEY} must be at least the checkpoint's round ({ckpt.round}) to "
-            f"resume, got {rounds}"
-        )
+    ckpt.check_rounds(f"{WHERE} {ROUNDS_KEY}", rounds)
     return ckpt

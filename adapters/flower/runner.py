@@ -46,6 +46,7 @@ from fl_adapters.processes import (
     free_ports,
     kill_all,
     matching,
+    start_logged,
     stop,
     watch,
 )
@@ -147,20 +148,12 @@ def run_deployment(
     dep = Deployment(port, node_ports, work)
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     helpers: set[int] = set()  # the processes Flower started below them
-    handles = []
 
     def start(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        out = work / f"{name.replace(' ', '-')}.log"
-        dep.logs[name] = out
-        handle = open(out, "wb")  # noqa: SIM115 - closed in the finally below
-        handles.append(handle)
+        dep.logs[name] = work / f"{name.replace(' ', '-')}.log"
         log.info("starting %s: %s", name, shlex.join(argv))
-        proc = subprocess.Popen(
-            argv, env=environ, cwd=work, stdout=handle, stderr=subprocess.STDOUT,
-            start_new_session=True,  # stop() kills the group: Flower's app subprocesses too
-        )  # fmt: skip
-        procs.append((name, proc))
-        return proc
+        procs.append((name, start_logged(argv, dep.logs[name], env=environ, cwd=work)))
+        return procs[-1][1]
 
     started = time.monotonic()
     deadline = started + timeout
@@ -193,8 +186,6 @@ def run_deployment(
         for _, proc in procs:  # a start-up that failed before watch
             helpers.update(stop(proc))
         _sweep({proc.pid for _, proc in procs} | helpers, [port, *node_ports])
-        for handle in handles:
-            handle.close()
         dep.seconds = time.monotonic() - started
     dep.log = dep.logs["flwr run"].read_text(errors="replace")
     return dep
@@ -326,12 +317,8 @@ def _simulate(
     argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
     argv += ["--num-supernodes", str(nodes), "--run-config", overrides]
     log_path = out_dir / "flower-simulation.log"
-    with open(log_path, "wb") as handle:
-        proc = subprocess.Popen(
-            argv, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ray's processes with it
-        )  # fmt: skip
-        failed = watch([("the Flower simulation", proc)], timeout)  # stops Ray's too
+    proc = start_logged(argv, log_path, env={**os.environ, **env})  # Ray's processes in its group
+    failed = watch([("the Flower simulation", proc)], timeout)  # stops Ray's too
     if failed is not None:
         raise RunFailed(f"{failed} (log: {log_path})")
 
