@@ -17,10 +17,6 @@ IEEE TPDS 32(1):59-71, 2021. The host-free pieces are :mod:`fl_adapters.astraea`
 3. The mediators' models are averaged with weights ``n_m / n`` by the ``astraea`` aggregator
    (``n_m`` bounded by what the members' reported data can hold), and the record carries the
    round's mediators, their KL to uniform and the traffic, as on the other hosts.
-
-Sampling is the strategy's seeded draw over nodes ordered by client id, the same draw as
-FedLab standalone's ``random.Random(seed).sample(range(clients), k)``, so the plan and the
-mediators are FedLab's for the same seed and partition.
 """
 
 from __future__ import annotations
@@ -43,12 +39,7 @@ from flwr.serverapp import Grid
 from torch import nn
 from torch.utils.data import Dataset
 
-from fl_adapters.astraea import (
-    AstraeaPlanner,
-    MediatorRelay,
-    RebalancedCache,
-    label_counts,
-)
+from fl_adapters.astraea import AstraeaPlanner, MediatorRelay, RebalancedCache, label_counts
 from fl_adapters.checkpoint import Checkpoint, check_plan
 from fl_adapters.flower.payload import (
     CLIENT_ID,
@@ -232,9 +223,7 @@ class AstraeaStrategy(FedBalanceStrategy):
         metrics = MetricRecord(
             {"fedbalance-mediators": len(updates), "fedbalance-rejected": len(result.rejected)}
         )
-        if result.skipped:
-            return None, metrics
-        return to_array_record(result.params), metrics
+        return (None if result.skipped else to_array_record(result.params)), metrics
 
 
 def _hop_result(reply: Message | None) -> tuple[ArrayRecord | None, int]:
@@ -271,12 +260,6 @@ def astraea_query_reply(
     return Message(content=RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
-def node_rad(context: Context) -> list[float] | None:
-    """The ``rad`` the strategy sent this node, if it has."""
-    record = context.state.config_records.get(STATE_KEY)
-    return None if record is None else [float(r) for r in cast(list[float], record[RAD])]
-
-
 #: This process's rebalanced client data: a ClientApp process that lives on (the simulation's
 #: workers) rebalances each client once, not on every hop.
 REBALANCED = RebalancedCache()
@@ -297,10 +280,11 @@ def astraea_train_reply(
     ``seed`` and the client, so the node's data is the same in every hop and host. Without a
     ``rad`` (a run with ``augment: false``) the data is used as it is.
     """
-    rad = node_rad(context)
+    kept = context.state.config_records.get(STATE_KEY)  # the rad the strategy sent
     client = partition_id(context)
     parts = dict(data)
-    if rad is not None and client is not None:  # no rad: the run does not augment
+    if kept is not None and client is not None:  # no rad: the run does not augment
+        rad = [float(r) for r in cast(list[float], kept[RAD])]
         original = parts["train"]
         parts["train"] = REBALANCED.get(client, rad, seed, lambda: original, scope=context.run_id)
     return train_reply(msg, context, model, parts, train_fn)

@@ -1,20 +1,10 @@
 """Flower checkpoints: the strategy's state after every round, and continuing a run from it.
 
 With ``checkpoint-dir`` in the run config, :class:`~fl_adapters.flower.strategy.
-FedBalanceStrategy` writes ``checkpoint.pt`` there once a round is complete (after the
-clients' evaluation, or after ``evaluate_fn`` when the app gives one) -- the same kind of file
-FedLab and FedML runs write (:mod:`fl_adapters.checkpoint`): the global state dict, the
-aggregator's state (FedAvgM's momentum), the round, the seeded sampler's RNG state, the
-Astraea plan, and the per-round metrics Flower keeps only in memory (its ``Result``).
-
-With ``resume-from`` the strategy starts from that file: Flower's loop runs the remaining
-rounds, which the strategy numbers from ``k + 1`` (what it sends the clients, records and
-returns), and ``start`` returns the whole run's ``Result``. Local training is seeded by
-``(seed, client, server-round)`` and updates are summed in client order, so a resumed run ends
-on the model of an uninterrupted one bit for bit, in the simulation engine and in a deployment.
-
-What a resumed run may change: the number of rounds (a longer run continues a shorter one),
-where data, output and checkpoints go. Every other run-config key must be the checkpoint's.
+FedBalanceStrategy` writes ``checkpoint.pt`` there once a round is complete: the host-free file
+of :mod:`fl_adapters.checkpoint`, with the per-round metrics Flower keeps only in memory. With
+``resume-from`` it continues from it, numbering Flower's remaining rounds from ``k + 1``
+(docs/hosts/flower.md, "Checkpoints and resume"). Only :data:`MAY_CHANGE` may change.
 """
 
 from __future__ import annotations
@@ -57,12 +47,6 @@ def identity(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def checkpoint_file(where: str | Path) -> Path:
-    """``where`` itself if it is a file, else ``where/checkpoint.pt``."""
-    path = Path(where).expanduser()
-    return path if path.is_file() or path.suffix == ".pt" else path / NAME
-
-
 def load(
     where: str | Path, run: Mapping[str, Any], rounds: int, *, partial: bool = False
 ) -> Checkpoint:
@@ -71,7 +55,8 @@ def load(
 
     ``partial``: compare only the keys ``run`` has (``fedbalance run`` checks the app's keys
     before it starts Flower; the strategy then checks its own as well)."""
-    path = checkpoint_file(where)
+    path = Path(where).expanduser()  # the file itself, else the directory's checkpoint.pt
+    path = path if path.is_file() or path.suffix == ".pt" else path / NAME
     ckpt = Checkpoint.load(path)
     ckpt.check_host(HOST, path)
     keys = set(run) if partial else set(run) | set(ckpt.config)

@@ -9,11 +9,8 @@ FedLoss). So an aggregator's arguments travel as one JSON object in a string::
     aggregator-args = '{"loss_clip": 5.0, "peer_clip": null}'
     seed = 0
 
-and can be overridden like any run-config key
-(``flwr run . --run-config "aggregator='fedloss_n'"``). ``checkpoint-dir`` and ``resume-from``
-checkpoint a run after every round and continue one (:mod:`fl_adapters.flower.checkpoint`).
-Every error names the key, what is allowed and what was given; unknown aggregators and
-arguments are reported by the plugin registry, which lists the available names.
+and can be overridden like any run-config key. Every error names the key, what is allowed and
+what was given; unknown aggregators and arguments are reported by the plugin registry.
 """
 
 from __future__ import annotations
@@ -29,14 +26,9 @@ from fl_partitions.params import check_positive_int
 AGGREGATOR_KEY = "aggregator"
 ARGS_KEY = "aggregator-args"
 SEED_KEY = "seed"
-#: Where the strategy writes ``checkpoint.pt`` after every round ("" or absent: nowhere).
 CHECKPOINT_KEY = "checkpoint-dir"
-#: A checkpoint (its file or directory) to continue the run from ("" or absent: a new run).
 RESUME_KEY = "resume-from"
-#: Evaluate every this many rounds (and the last); 1: every round.
 EVAL_EVERY_KEY = "eval-every"
-#: The share of nodes that evaluate a round, drawn per round from the seed (1.0: every node;
-#: absent: Flower's ``fraction_evaluate``).
 EVAL_FRACTION_KEY = "eval-fraction"
 WHERE = "[tool.flwr.app.config]"
 

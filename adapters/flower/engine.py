@@ -14,10 +14,6 @@ order, marked delivered, after the link state's own expiry check -- that scans t
 messages once per pass instead of once per node: its cost follows the messages in flight, not
 the nodes. It runs only where it reads the link state it was written against (Flower's
 ``InMemoryLinkState``, the simulation's); any other state gets Flower's loop unchanged.
-
-The bundled app's simulation (``fedbalance run`` with ``framework: flower``) applies it before
-the engine starts, for every strategy it runs, Flower's own included; another app can call
-it before ``run_simulation``.
 """
 
 from __future__ import annotations
@@ -85,7 +81,8 @@ def add_messages_to_queue(
 
 
 def index_message_polling() -> None:
-    """Make Flower's simulation engine (in this process) poll by message, not by node."""
+    """Make Flower's simulation engine (in this process) poll by message, not by node; call
+    it before ``run_simulation`` (the bundled app's simulation does, for every strategy)."""
     if vce_api.add_messages_to_queue is not add_messages_to_queue:
         vce_api.add_messages_to_queue = add_messages_to_queue
         log.info("Flower's simulation engine polls its stored messages once a pass, not per node")

@@ -43,10 +43,8 @@ def to_numpy(array: Array) -> np.ndarray:
     """``array``'s values, read-only, straight from its ``.npy`` bytes when they hold a plain
     C-order array of the dtype the ``Array`` states; anything else through ``Array.numpy``.
 
-    ``Array.numpy`` runs ``numpy.load``, which parses each header with ``ast.literal_eval``:
-    about 50 us a tensor, most of a strategy's time per round (measured with the thesis CNN,
-    ``fedbalance bench flower-overhead``). The header check below keeps the result identical
-    to ``Array.numpy``'s (tested against it).
+    ``Array.numpy`` parses each header with ``ast.literal_eval``, most of a strategy's time per
+    round (docs/hosts/flower.md, "Server cost"); the header check keeps the result identical.
     """
     data = array.data
     if array.stype == "numpy.ndarray" and data[:6] == b"\x93NUMPY":
@@ -83,10 +81,9 @@ def make_reply(
     num_examples: int,
     val_loss: float | None,
     client_id: int | None,
-    extra: Mapping[str, float] | None = None,
 ) -> Message:
     """The reply to train message ``msg``: the trained model and the metrics aggregators read."""
-    metrics: dict[str, Any] = {NUM_EXAMPLES: int(num_examples), **(extra or {})}
+    metrics: dict[str, Any] = {NUM_EXAMPLES: int(num_examples)}
     if val_loss is not None:
         metrics[VAL_LOSS] = float(val_loss)
     if client_id is not None:
@@ -125,10 +122,9 @@ def reply_to_update(msg: Message, *, with_params: bool = True) -> ClientUpdate:
             len(metric_records),
             int(with_params),
         )
-    # An empty params dict differs from the global model's keys: the aggregator rejects it.
-    params: Any = to_state_dict(arrays[0]) if len(arrays) == 1 else OrderedDict()
-    if not with_params:
-        params = None
+    params: Any = None
+    if with_params:  # an empty dict differs from the global model's keys: the aggregator rejects it
+        params = to_state_dict(arrays[0]) if len(arrays) == 1 else OrderedDict()
     metrics = dict(metric_records[0]) if len(metric_records) == 1 else {}
     num_samples = metrics.pop(NUM_EXAMPLES, None)
     client = metrics.pop(CLIENT_ID, None)

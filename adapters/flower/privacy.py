@@ -16,19 +16,10 @@ which it falls below ``z`` logs a warning. The wrappers' privacy *accountant* pr
 epsilon for uniform FedAvg only, and Flower refuses it for any other ``aggregate_train`` (ours
 included) when the wrapper is built.
 
-What is refused, before the first round is sent (:func:`privacy_refusal`): an aggregator that is
-not a weighted mean (a coordinate median's sensitivity is not ``C / n``), Astraea's mediators (the wrapper clips a mediator's
-chain, not a client's update), FedAvgM with momentum (``beta > 0`` re-applies earlier rounds'
-noise-free averages to every later release), and ``resume_from`` (the wrapper's ``start`` is
-Flower's, which knows no checkpoint). The validation losses FedLoss weighs by travel in clear,
-like every metric: the wrappers protect the model updates only.
-
-fedbalance's Flower app takes the server-side wrappers from its run config
-(:func:`wrap_from_run_config`)::
-
-    dp = "server-fixed"            # or "server-adaptive"; "" (default): no wrapper
-    dp-noise-multiplier = 1.0
-    dp-clipping-norm = 10.0        # the initial norm for server-adaptive
+What would void the noise is refused before the first round (:func:`privacy_refusal`, and
+``resume_from``). Metrics, FedLoss's validation losses included, travel in clear: the wrappers
+protect the model updates only. The app's run config picks a server-side wrapper
+(:func:`wrap_from_run_config`; docs/hosts/beside.md).
 """
 
 from __future__ import annotations

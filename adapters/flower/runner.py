@@ -34,13 +34,9 @@ from typing import Any
 
 from fl_adapters.checkpoint import resume_hint
 from fl_adapters.config import ConfigError, RunConfig, RunFailed
-from fl_adapters.experiment import run_summary
-from fl_adapters.flower.config import (
-    CHECKPOINT_KEY,
-    EVAL_EVERY_KEY,
-    EVAL_FRACTION_KEY,
-    RESUME_KEY,
-)
+from fl_adapters.experiment import check, run_summary
+from fl_adapters.flower import checkpoint
+from fl_adapters.flower.config import CHECKPOINT_KEY, EVAL_EVERY_KEY, EVAL_FRACTION_KEY, RESUME_KEY
 from fl_adapters.processes import (
     exit_reason,
     free_ports,
@@ -69,9 +65,7 @@ class Deployment:
 
     superlink_port: int
     supernode_ports: list[int]
-    workdir: Path
     log: str = ""
-    seconds: float = 0.0
     logs: dict[str, Path] = field(default_factory=dict)
 
 
@@ -145,7 +139,7 @@ def run_deployment(
     # runs `flwr-serverapp`): this environment's commands come first on PATH.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     environ = {**os.environ, "FLWR_HOME": str(home), **(env or {}), "PATH": path}
-    dep = Deployment(port, node_ports, work)
+    dep = Deployment(port, node_ports)
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     helpers: set[int] = set()  # the processes Flower started below them
 
@@ -186,7 +180,6 @@ def run_deployment(
         for _, proc in procs:  # a start-up that failed before watch
             helpers.update(stop(proc))
         _sweep({proc.pid for _, proc in procs} | helpers, [port, *node_ports])
-        dep.seconds = time.monotonic() - started
     dep.log = dep.logs["flwr run"].read_text(errors="replace")
     return dep
 
@@ -265,8 +258,6 @@ def run_flower(
     The strategy checkpoints in ``out_dir`` after every round; ``resume`` continues from there
     (same config, ``rounds`` may grow), and a run that stops says which round it holds.
     """
-    from fl_adapters.experiment import check
-
     started = time.monotonic()
     check(config)  # dataset, partition and aggregator arguments, before any process starts
     from fl_adapters.flower.strategy import make_aggregator
@@ -278,8 +269,6 @@ def run_flower(
     files = RunFiles(out_dir)
     values = app_values(config, out_dir, resume)
     if resume:  # a checkpoint this run cannot continue is refused before any process starts
-        from fl_adapters.flower import checkpoint
-
         ckpt = checkpoint.load(out_dir, checkpoint.identity(values), config.rounds, partial=True)
         # The stopped run's metrics stay until the new rows replace them (collect): a resume
         # that fails inside Flower then changes nothing.

@@ -20,14 +20,9 @@ runs in two phases (:class:`SecAggPlusStrategy`):
 The unmasked sum equals the in-clear aggregate up to SecAgg+'s quantization: each client's
 values are rounded to ``2 * clipping_range / quantization_range`` (about 4e-6 with the
 defaults), and values beyond ``clipping_range`` (8) are clipped, so keep ``m * w_i * x`` inside
-it (``clipping_range`` is an argument). A round with fewer than two accepted clients is skipped:
-the sum of one model is that model. Refused (:class:`~fl_adapters.config.ConfigError` when the
-strategy is built): aggregators that need the models (FedMedian, Astraea's mediators,
-``update_clip``; see :meth:`~fl_aggregators.Aggregator.secure_refusal`).
-
-The ClientApp adds one mod, nothing else changes::
-
-    app = ClientApp(mods=[secagg_mod])   # fedbalance's, which runs Flower's secaggplus_mod
+it (``clipping_range`` is an argument). Aggregators that need the models are refused when the
+strategy is built (:meth:`~fl_aggregators.Aggregator.secure_refusal`). The ClientApp adds one
+mod, :func:`secagg_mod` (docs/hosts/beside.md).
 """
 
 from __future__ import annotations
@@ -173,12 +168,7 @@ class SecAggPlusStrategy(FedBalanceStrategy):
             summed, survivors = self._secure_sum(server_round, chosen)
             dropped = [i for node, (i, _) in chosen.items() if node not in survivors]
         result = self.aggregator.finish(
-            self.global_params,
-            summed,
-            weighing,
-            dropped=dropped,
-            host=self.host,
-            protocol=PROTOCOL,
+            self.global_params, summed, weighing, dropped=dropped, host=self.host, protocol=PROTOCOL
         )
         return self.conclude(server_round, updates, result)
 

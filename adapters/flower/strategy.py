@@ -11,26 +11,19 @@ Where it departs from Flower's ``FedAvg``, for reproducibility and robustness:
 
 * Node sampling uses the strategy's own ``random.Random(seed)`` (Flower's samples with the
   global ``random``) over the nodes ordered by client id (Flower's node ids are random per
-  run): read from the simulation engine (:func:`simulated_partitions`), asked once of each
-  node in a deployment (:meth:`FedBalanceStrategy.identify`), so the same seed samples the
-  same clients -- FedLab standalone's ``random.Random(seed).sample(range(n), k)`` draw -- and
-  updates are summed in client order (evaluation replies in an order of their content), so
-  it gives the same model and metrics bit for bit.
-* A run can checkpoint after every round and continue from it (``checkpoint_dir``,
-  ``resume_from``; see :mod:`fl_adapters.flower.checkpoint`); Flower's ``start`` has no
-  first-round argument, so the strategy numbers the remaining rounds itself.
+  run; :meth:`FedBalanceStrategy.by_client`), so the same seed samples the same clients --
+  FedLab standalone's ``random.Random(seed).sample(range(n), k)`` draw -- and updates are
+  summed in client order (evaluation replies in an order of their content), so it gives the
+  same model and metrics bit for bit.
+* A run can checkpoint after every round and resume (:mod:`fl_adapters.flower.checkpoint`).
 * A reply that is malformed (no ArrayRecord, keys or shapes of another model, missing or
   non-finite ``val_loss``, a bad ``num-examples``) is rejected by the aggregator, with a
   warning and a record entry, and the round goes on with the others; Flower's ``FedAvg``
   raises ``InconsistentMessageReplies`` for the whole round instead. A round with no
   acceptable reply keeps the global model.
 
-Astraea with mediators or rebalancing runs in
-:class:`~fl_adapters.flower.astraea.AstraeaStrategy`, a subclass. The ServerApp selects
-either with one call::
-
-    strategy = strategy_from_run_config(context.run_config)
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), ...)
+Astraea with mediators or rebalancing runs in the subclass
+:class:`~fl_adapters.flower.astraea.AstraeaStrategy`; :func:`strategy_from_run_config` picks.
 """
 
 from __future__ import annotations
@@ -53,7 +46,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from fl_adapters._training import evaluated_clients, evaluates
 from fl_adapters.checkpoint import NAME, Checkpoint, restore_sampler, sampler_state
 from fl_adapters.config import ConfigError
-from fl_adapters.flower import checkpoint
+from fl_adapters.flower import checkpoint, privacy
 from fl_adapters.flower.config import AGGREGATOR_KEY, ARGS_KEY, WHERE, parse_run_config
 from fl_adapters.flower.payload import (
     IDENTIFY,
@@ -68,7 +61,7 @@ from fl_aggregators import AggregationResult, Aggregator
 
 log = logging.getLogger(__name__)
 
-HOST = "flower"
+HOST = checkpoint.HOST
 
 
 def make_aggregator(
@@ -213,7 +206,6 @@ class FedBalanceStrategy(FedAvg):
         self.rng = random.Random(seed)
         self.on_round = on_round
         self.host = HOST
-        self.last_result: AggregationResult | None = None
         #: Node id -> the client id (partition-id) it reported, for reproducible sampling.
         self.client_ids: dict[int, int] = {}
         #: Nodes that could not say their client id.
@@ -263,7 +255,8 @@ class FedBalanceStrategy(FedAvg):
             else:
                 self.read_engine = False
                 self.identify(grid, connected)
-        return sorted(connected, key=self._order)
+        ids = self.client_ids  # nodes with a client id first, by client id; then by node id
+        return sorted(connected, key=lambda n: (n not in ids, ids.get(n, n)))
 
     def check_read_clients(self, replies: Iterable[Message]) -> None:
         """With the client ids read from the engine, each train reply must name the client its
@@ -285,10 +278,6 @@ class FedBalanceStrategy(FedAvg):
                 self.client_ids.clear()
                 return
 
-    def _order(self, node: int) -> tuple[int, int]:
-        client = self.client_ids.get(node)
-        return (0, client) if client is not None else (1, node)
-
     def identify(self, grid: Grid, nodes: Iterable[int]) -> None:
         """Ask ``nodes`` for their client id (one ``query`` message each; see
         :func:`fl_adapters.flower.trainer.identify_reply`). A node that cannot answer keeps
@@ -298,10 +287,7 @@ class FedBalanceStrategy(FedAvg):
         replies: list[Message] = []
         started = time.perf_counter()
         # In batches, each with its own timeout: asking 10^4 nodes at once ran past the timeout
-        # and the rest were asked again the next round. The asking itself stays quadratic in
-        # Flower's simulation engine (each polling pass checks every stored message for every
-        # node): 3 to 8 minutes for 10^4 nodes here, which is why the simulation's ids are
-        # read instead (simulated_partitions).
+        # and the rest were asked again the next round (the simulation's ids are read instead).
         for start in range(0, len(asked), IDENTIFY_BATCH):
             batch = asked[start : start + IDENTIFY_BATCH]
             replies += grid.send_and_receive(
@@ -327,20 +313,15 @@ class FedBalanceStrategy(FedAvg):
         )
 
     def _configure(
-        self,
-        server_round: int,
-        arrays: ArrayRecord,
-        config: ConfigRecord,
-        grid: Grid,
-        fraction: float,
-        minimum: int,
-        kind: str,
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid, kind: str
     ) -> Iterable[Message]:
+        train = kind == MessageType.TRAIN
+        fraction = self.fraction_train if train else self.fraction_evaluate
         if fraction == 0.0:
             return []
-        return self._messages(
-            server_round, arrays, config, self.sample(grid, fraction, minimum), kind
-        )
+        minimum = self.min_train_nodes if train else self.min_evaluate_nodes
+        nodes = self.sample(grid, fraction, minimum)
+        return self._messages(server_round, arrays, config, nodes, kind)
 
     def _messages(
         self,
@@ -373,22 +354,12 @@ class FedBalanceStrategy(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The train messages of round ``server_round`` (counted from the run's start)."""
-        return self._configure(
-            server_round,
-            arrays,
-            config,
-            grid,
-            self.fraction_train,
-            self.min_train_nodes,
-            MessageType.TRAIN,
-        )
+        return self._configure(server_round, arrays, config, grid, MessageType.TRAIN)
 
     def wrapped_by(self, wrapper: Strategy) -> None:
         """Check, before the first round, that this strategy can serve under ``wrapper``;
         raises :class:`~fl_adapters.config.ConfigError` naming what cannot (see
         :mod:`fl_adapters.flower.privacy`)."""
-        from fl_adapters.flower import privacy
-
         self.wrapper = wrapper
         what = f"{type(wrapper).__name__} wrapping FedBalanceStrategy({self.aggregator.name!r})"
         if self.resume_from is not None:
@@ -416,15 +387,7 @@ class FedBalanceStrategy(FedAvg):
         if not evaluates(server_round, self.evaluate_every, self.num_rounds):
             return []
         if self.evaluate_fraction is None:
-            return self._configure(
-                server_round,
-                arrays,
-                config,
-                grid,
-                self.fraction_evaluate,
-                self.min_evaluate_nodes,
-                MessageType.EVALUATE,
-            )
+            return self._configure(server_round, arrays, config, grid, MessageType.EVALUATE)
         nodes = self.evaluation_nodes(grid, server_round)
         return self._messages(server_round, arrays, config, nodes, MessageType.EVALUATE)
 
@@ -483,15 +446,11 @@ class FedBalanceStrategy(FedAvg):
                 **self.privacy_metrics(server_round, result),
             }
         )
-        if result.skipped:
-            return None, metrics
-        return to_array_record(result.params), metrics
+        return (None if result.skipped else to_array_record(result.params)), metrics
 
     def privacy_metrics(self, server_round: int, result: AggregationResult) -> dict[str, float]:
         """Under a DP wrapper: the round's effective noise multiplier (a warning the first
         time it is below the wrapper's)."""
-        from fl_adapters.flower import privacy
-
         if self.wrapper is None or not privacy.is_dp_wrapper(self.wrapper) or result.skipped:
             return {}
         z = float(self.wrapper.noise_multiplier)
@@ -514,7 +473,6 @@ class FedBalanceStrategy(FedAvg):
 
     def aggregated(self, result: AggregationResult) -> None:
         """After every aggregation: keep the round's model and call ``on_round``."""
-        self.last_result = result
         self.round_params = self.global_params if result.skipped else dict(result.params)
         if self.on_round is not None:
             self.on_round(self, result)
@@ -663,12 +621,9 @@ def _content_order(msg: Message) -> tuple[bool, str]:
 
 def _weighs_nothing(msg: Message, key: str) -> bool:
     """A reply whose weighting metric (``num-examples``) is 0: it evaluated no data."""
-    if msg.has_error():
-        return False
-    for record in msg.content.metric_records.values():
-        value = record.get(key)
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
-    return False
+    records = [] if msg.has_error() else list(msg.content.metric_records.values())
+    value = records[0].get(key) if records else None
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
 def weighted_metrics(updates: list[Any], weights: list[float]) -> dict[str, float]:

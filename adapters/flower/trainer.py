@@ -3,12 +3,7 @@
 FedLoss needs each client's loss on a held-out validation split after local training
 (Tagarakis 2023: 70 % train / 10 % validation / 20 % test of the client's data). FedLab's and
 FedML's trainers hold that split out themselves; on Flower the user's ClientApp calls
-:func:`train_reply`, which does the same around the user's own training function::
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        model = Net()
-        return train_reply(msg, context, model, my_dataset, my_train_fn)
+:func:`train_reply`, which does the same around the user's own training function.
 
 ``data`` is either the client's whole dataset, split here with
 :func:`fl_partitions.partition.local_splits` (the split fedbalance partitions use, seeded by
@@ -31,13 +26,7 @@ from torch.utils.data import Dataset, Subset
 
 from fl_adapters._training import evaluate, stream_seed, training_clock
 from fl_adapters.flower.config import SEED_KEY
-from fl_adapters.flower.payload import (
-    CLIENT_ID,
-    METRICS,
-    NUM_EXAMPLES,
-    make_reply,
-    to_state_dict,
-)
+from fl_adapters.flower.payload import CLIENT_ID, METRICS, NUM_EXAMPLES, make_reply, to_state_dict
 from fl_partitions.params import ParameterError
 from fl_partitions.partition import DEFAULT_SPLIT, local_splits
 
