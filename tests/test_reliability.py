@@ -91,6 +91,32 @@ def test_astraea_holds_a_sample_count_liar_to_its_own_data(tmp_path: Path) -> No
     assert [r["weights"] for r in lied] == [r["weights"] for r in honest]
 
 
+def test_stock_fedlab_astraea_holds_a_sample_count_liar_to_its_mediators_data(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The same bound where ``FEDBALANCE_AGGREGATOR=astraea`` arms a stock FedLab handler (its
+    ``global_update`` is FedLabArming's): an honest mediator keeps its count, an inflated one
+    is held to what its members' data allows."""
+    from fedlab.contrib.algorithm.basic_server import SyncServerHandler
+
+    from fl_adapters.astraea import AstraeaPlanner
+    from fl_adapters.fedlab.patches import FedLabArming
+    from fl_adapters.fedlab.payload import encode
+    from fl_aggregators.astraea import Astraea
+
+    arming = FedLabArming("astraea", {"augment": False})
+    arming.planner = AstraeaPlanner(torch.tensor([[3, 1], [2, 2], [5, 0]]).numpy(), Astraea())
+    arming.mediators = [[0, 1], [2]]
+    model = torch.nn.Linear(2, 1)
+    handler = SyncServerHandler(model, global_round=1, sample_ratio=1.0)
+    params = handler.model_parameters
+    buffer = [encode(params, 0, 8, None), encode(params, 1, 10**6, None)]
+    with caplog.at_level("WARNING", logger="fl_adapters.astraea"):
+        arming.global_update(handler, buffer)
+    assert [int(payload[1][1]) for payload in buffer] == [8, 5]
+    assert "reported 1000000 samples, at most 5" in caplog.text
+
+
 def test_astraea_bound_never_lowers_an_honest_mediator(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     with caplog.at_level("WARNING", logger="fl_adapters.astraea"):
         attacked(tmp_path, Attack(), aggregator="astraea", aggregator_args={"gamma": 3})

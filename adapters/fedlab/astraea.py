@@ -241,17 +241,25 @@ class AstraeaServerHandler(FedBalanceServerHandler):
         return load_per_mediator(self, payload, len(self.round_mediators))
 
     def global_update(self, buffer: list[list[torch.Tensor]]) -> None:
-        for m, payload in enumerate(buffer):  # n_m is reported: hold it to what the plan allows
-            claimed = int(payload[1][1]) if len(payload) > 1 and len(payload[1]) > 1 else None
-            if claimed is not None:
-                n = self.planner.bound_samples(self.round_mediators[m], claimed)
-                if n != claimed:
-                    payload[1] = pack_meta(m, n, None)
+        bound_counts(self.planner, self.round_mediators, buffer)
         mediators, models = self.round_mediators, [payload[0] for payload in buffer]
         rad_and_layout = 4 * (len(self.planner.rad) + encode_mediators(mediators).numel())
         nbytes = param_bytes(self._model)
         self.planner.annotate(self.astraea, mediators, nbytes, rad_and_layout, models=models)
         super().global_update(buffer)
+
+
+def bound_counts(
+    planner: AstraeaPlanner, mediators: list[list[int]], buffer: list[list[torch.Tensor]]
+) -> None:
+    """Hold each mediator's reported ``n_m`` (``buffer[m]``'s meta) to what the plan allows
+    (:meth:`~fl_adapters.astraea.AstraeaPlanner.bound_samples`), in place."""
+    for m, payload in enumerate(buffer):
+        claimed = int(payload[1][1]) if len(payload) > 1 and len(payload[1]) > 1 else None
+        if claimed is not None:
+            n = planner.bound_samples(mediators[m], claimed)
+            if n != claimed:
+                payload[1] = pack_meta(m, n, None)
 
 
 class RebalancedData:

@@ -190,9 +190,10 @@ class FedLabArming:
         agg = handler.__dict__.get("_fedbalance_aggregator")
         if agg is None:
             agg = handler._fedbalance_aggregator = self.aggregator()
-        if self.mediated:
-            from fl_adapters.fedlab.astraea import param_bytes
+        if self.mediated:  # n_m is reported: held to what the plan allows, as standalone
+            from fl_adapters.fedlab.astraea import bound_counts, param_bytes
 
+            bound_counts(self.planner, self.mediators, buffer)
             self.planner.annotate(
                 agg, self.mediators, param_bytes(handler._model), models=[p[0] for p in buffer]
             )
