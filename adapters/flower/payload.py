@@ -15,6 +15,7 @@ rejects the same things the same way.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections import OrderedDict
@@ -135,3 +136,46 @@ def reply_to_update(msg: Message, *, with_params: bool = True) -> ClientUpdate:
         metrics=scalars,
         client_id=client if isinstance(client, int) else node,
     )
+
+
+def log_errors(server_round: int, replies: list[Message]) -> None:
+    """A warning for each reply that carries an error instead of content."""
+    for msg in replies:
+        if msg.has_error():
+            log.warning(
+                "round %s: node %s replied with an error: %s",
+                server_round,
+                msg.metadata.src_node_id,
+                msg.error.reason,
+            )
+
+
+def content_order(msg: Message) -> tuple[bool, str]:
+    if msg.has_error():
+        return (True, str(msg.error.reason))
+    records = msg.content.metric_records
+    return (False, json.dumps({k: dict(v) for k, v in records.items()}, sort_keys=True))
+
+
+def weighs_nothing(msg: Message, key: str) -> bool:
+    """A reply whose weighting metric (``num-examples``) is 0: it evaluated no data."""
+    records = [] if msg.has_error() else list(msg.content.metric_records.values())
+    value = records[0].get(key) if records else None
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def weighted_metrics(updates: list[Any], weights: list[float]) -> dict[str, float]:
+    """Accepted clients' scalar metrics, averaged with the weights the aggregator applied.
+
+    A metric only some clients report is averaged over those clients (weights renormalised).
+    """
+    sums: dict[str, float] = {}
+    mass: dict[str, float] = {}
+    for update, w in zip(updates, weights, strict=True):
+        if w <= 0:
+            continue
+        for key, value in update.metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                sums[key] = sums.get(key, 0.0) + w * float(value)
+                mass[key] = mass.get(key, 0.0) + w
+    return {key: total / mass[key] for key, total in sums.items()}

@@ -67,8 +67,8 @@ from flwr.serverapp import Grid
 
 from fl_adapters.config import ConfigError
 from fl_adapters.flower.config import AGGREGATOR_KEY, WHERE
-from fl_adapters.flower.payload import reply_to_update
-from fl_adapters.flower.strategy import FedBalanceStrategy, log_errors
+from fl_adapters.flower.payload import log_errors, reply_to_update
+from fl_adapters.flower.strategy import FedBalanceStrategy
 from fl_aggregators import ClientUpdate
 from fl_partitions.params import ParameterError
 

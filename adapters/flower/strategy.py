@@ -9,12 +9,10 @@ plugins) weigh, reject and record exactly as they do on FedLab and FedML, with
 
 Where it departs from Flower's ``FedAvg``, for reproducibility and robustness:
 
-* Node sampling uses the strategy's own ``random.Random(seed)`` (Flower's samples with the
-  global ``random``) over the nodes ordered by client id (Flower's node ids are random per
-  run; :meth:`FedBalanceStrategy.by_client`), so the same seed samples the same clients --
-  FedLab standalone's ``random.Random(seed).sample(range(n), k)`` draw -- and updates are
-  summed in client order (evaluation replies in an order of their content), so it gives the
-  same model and metrics bit for bit.
+* Node sampling is seeded, over the nodes ordered by client id (:mod:`.sampling`): the same
+  seed samples the same clients as FedLab standalone. Updates are summed in client order and
+  evaluation replies in an order of their content, so a run gives the same model and metrics
+  bit for bit.
 * A run can checkpoint after every round and resume (:mod:`fl_adapters.flower.checkpoint`).
 * A reply that is malformed (no ArrayRecord, keys or shapes of another model, missing or
   non-finite ``val_loss``, a bad ``num-examples``) is rejected by the aggregator, with a
@@ -30,9 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,22 +37,22 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from fl_adapters._training import evaluated_clients, evaluates
+from fl_adapters._training import evaluates
 from fl_adapters.checkpoint import NAME, Checkpoint, restore_sampler, sampler_state
 from fl_adapters.config import ConfigError
 from fl_adapters.flower import checkpoint, privacy
 from fl_adapters.flower.config import AGGREGATOR_KEY, ARGS_KEY, WHERE, parse_run_config
 from fl_adapters.flower.payload import (
-    IDENTIFY,
-    QUERY_KEY,
+    content_order,
+    log_errors,
     reply_to_update,
-    reported_client,
     to_array_record,
     to_state_dict,
+    weighs_nothing,
+    weighted_metrics,
 )
-from fl_adapters.sampling import sample_round
+from fl_adapters.flower.sampling import NodeSampling
 from fl_aggregators import AggregationResult, Aggregator
 
 log = logging.getLogger(__name__)
@@ -102,31 +98,7 @@ def needs_mediators(agg: Aggregator) -> bool:
     )
 
 
-#: Nodes asked for their client id in one ``send_and_receive`` (:meth:`FedBalanceStrategy.identify`).
-IDENTIFY_BATCH = 256
-
-
-def simulated_partitions(grid: Grid) -> dict[int, int] | None:
-    """Node id -> ``partition-id`` in Flower's simulation engine, read without a message;
-    ``None`` for any other grid.
-
-    Flower 1.41's engine registers its virtual nodes one after another in the in-memory link
-    state that the ServerApp's ``InMemoryGrid`` reads, node ``i`` with node config
-    ``partition-id = i`` (``flwr.server.superlink.fleet.vce.vce_api._register_nodes``), and
-    the state keeps its nodes in a dict, in that order. Asking 10^4 nodes instead took four
-    minutes. Every train reply is checked against what was read
-    (:meth:`FedBalanceStrategy.check_read_clients`).
-    """
-    state = getattr(grid, "state", None)
-    nodes = getattr(state, "nodes", None)
-    lock = getattr(state, "lock", None)
-    if type(grid).__name__ != "InMemoryGrid" or not isinstance(nodes, dict) or lock is None:
-        return None
-    with lock:
-        return {node: i for i, node in enumerate(nodes)}
-
-
-class FedBalanceStrategy(FedAvg):
+class FedBalanceStrategy(NodeSampling, FedAvg):
     """Flower's ``FedAvg`` with a fedbalance aggregator doing the aggregation.
 
     Parameters
@@ -202,19 +174,9 @@ class FedBalanceStrategy(FedAvg):
         #: The global model after the round just aggregated (what the checkpoint keeps).
         self.round_params: dict[str, torch.Tensor] | None = None
         self._evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
-        self.seed = seed
-        self.rng = random.Random(seed)
+        self.init_sampling(seed)
         self.on_round = on_round
         self.host = HOST
-        #: Node id -> the client id (partition-id) it reported, for reproducible sampling.
-        self.client_ids: dict[int, int] = {}
-        #: Nodes that could not say their client id.
-        self.unidentified: set[int] = set()
-        #: Whether node ids -> client ids may be read from Flower's simulation engine
-        #: (:func:`simulated_partitions`) rather than asked; off once a reply contradicts it.
-        self.read_engine = True
-        #: Seconds to wait for the nodes' answers to :meth:`identify`.
-        self.identify_timeout = 300.0
         #: The global model the current round's clients started from (what a skipped round
         #: keeps, and what FedAvgM's momentum and the update bounds are measured against).
         self.global_params: dict[str, torch.Tensor] | None = None
@@ -227,90 +189,6 @@ class FedBalanceStrategy(FedAvg):
     def summary(self) -> None:
         log.info("fedbalance aggregator: %r (host %s, seed %s)", self.aggregator, HOST, self.seed)
         super().summary()
-
-    # -- sampling ---------------------------------------------------------------------------
-    def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
-        """Node ids for one round: ``max(fraction * connected, minimum)``, seeded.
-
-        Nodes are ordered by the client id they report (see :meth:`identify`): Flower's node
-        ids are random per run, so ordering by them would give the same seed other clients.
-        """
-        # sample_nodes waits until enough nodes are connected; asking it for 0 nodes means it
-        # draws nothing from the global RNG, and this strategy's RNG chooses.
-        _, connected = sample_nodes(grid, max(self.min_available_nodes, minimum), 0)
-        size = min(len(connected), max(int(len(connected) * fraction), minimum))
-        if size == len(connected):
-            return sorted(connected)  # everyone: no draw, so the RNG stream does not depend on it
-        nodes = self.by_client(grid, connected)
-        return [nodes[i] for i in sample_round(self.rng, len(nodes), size)]
-
-    def by_client(self, grid: Grid, connected: list[int]) -> list[int]:
-        """``connected`` ordered by client id: read from Flower's simulation engine
-        (:func:`simulated_partitions`), else asked once (:meth:`identify`)."""
-        if any(n not in self.client_ids and n not in self.unidentified for n in connected):
-            engine = simulated_partitions(grid) if self.read_engine else None
-            if engine is not None and all(n in engine for n in connected):
-                self.client_ids.update((n, engine[n]) for n in connected)
-                log.info("read %d nodes' client ids from Flower's simulation engine", len(engine))
-            else:
-                self.read_engine = False
-                self.identify(grid, connected)
-        ids = self.client_ids  # nodes with a client id first, by client id; then by node id
-        return sorted(connected, key=lambda n: (n not in ids, ids.get(n, n)))
-
-    def check_read_clients(self, replies: Iterable[Message]) -> None:
-        """With the client ids read from the engine, each train reply must name the client its
-        node was read as. If one names another, the read is not trusted: a warning, and the
-        nodes are asked from the next round on (this round trained the clients it sent to)."""
-        if not self.read_engine or not self.client_ids:
-            return
-        for msg in replies:
-            node, reported = msg.metadata.src_node_id, reported_client(msg)
-            if reported is not None and reported != self.client_ids.get(node):
-                log.warning(
-                    "node %s reported client %s, but Flower's simulation engine registered it as "
-                    "partition %s; asking the nodes their client ids from the next round on",
-                    node,
-                    reported,
-                    self.client_ids.get(node),
-                )
-                self.read_engine = False
-                self.client_ids.clear()
-                return
-
-    def identify(self, grid: Grid, nodes: Iterable[int]) -> None:
-        """Ask ``nodes`` for their client id (one ``query`` message each; see
-        :func:`fl_adapters.flower.trainer.identify_reply`). A node that cannot answer keeps
-        its place by node id, with a warning: sampling is then not reproducible across runs."""
-        record = RecordDict({self.configrecord_key: ConfigRecord({QUERY_KEY: IDENTIFY})})
-        asked = [n for n in nodes if n not in self.client_ids and n not in self.unidentified]
-        replies: list[Message] = []
-        started = time.perf_counter()
-        # In batches, each with its own timeout: asking 10^4 nodes at once ran past the timeout
-        # and the rest were asked again the next round (the simulation's ids are read instead).
-        for start in range(0, len(asked), IDENTIFY_BATCH):
-            batch = asked[start : start + IDENTIFY_BATCH]
-            replies += grid.send_and_receive(
-                self._construct_messages(record, batch, MessageType.QUERY),
-                timeout=self.identify_timeout,
-            )
-        for msg in replies:
-            node, client = msg.metadata.src_node_id, reported_client(msg)
-            if client is not None:
-                self.client_ids[node] = client
-            else:
-                self.unidentified.add(node)  # asked once: not again every round
-                log.warning(
-                    "node %s did not report its client id (%s); seeded sampling orders it by "
-                    "its random node id, so other runs may sample other clients",
-                    node,
-                    msg.error.reason if msg.has_error() else "no client-id",
-                )
-        log.info(
-            "asked %d nodes their client id in %.2f s (once; seeded sampling needs it)",
-            len(asked),
-            time.perf_counter() - started,
-        )
 
     def _configure(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid, kind: str
@@ -390,17 +268,6 @@ class FedBalanceStrategy(FedAvg):
             return self._configure(server_round, arrays, config, grid, MessageType.EVALUATE)
         nodes = self.evaluation_nodes(grid, server_round)
         return self._messages(server_round, arrays, config, nodes, MessageType.EVALUATE)
-
-    def evaluation_nodes(self, grid: Grid, server_round: int) -> list[int]:
-        """The nodes of the clients :func:`~fl_adapters._training.evaluated_clients` draws for
-        this round, nodes ordered by client id as for training."""
-        assert self.evaluate_fraction is not None
-        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
-        chosen = evaluated_clients(len(connected), self.evaluate_fraction, self.seed, server_round)
-        if len(chosen) == len(connected):
-            return sorted(connected)
-        nodes = self.by_client(grid, connected)
-        return [nodes[i] for i in chosen]
 
     # -- aggregation ------------------------------------------------------------------------
     def aggregate_train(
@@ -487,8 +354,8 @@ class FedBalanceStrategy(FedAvg):
         # the same replies give the same averages to the last bit. A node without test data
         # (weight 0) is left out: its NaN loss times 0 is NaN in Flower's weighted sum, and a
         # round where every node has none would divide by zero.
-        replies = sorted(replies, key=_content_order)
-        kept = [m for m in replies if not _weighs_nothing(m, self.weighted_by_key)]
+        replies = sorted(replies, key=content_order)
+        kept = [m for m in replies if not weighs_nothing(m, self.weighted_by_key)]
         if len(kept) < len(replies):
             log.info(
                 "evaluate round %s: %d node(s) without test data left out of the average",
@@ -598,49 +465,6 @@ class FedBalanceStrategy(FedAvg):
         for key, rows in self.history.items():
             rows.clear()
             rows.update({int(r): m for r, m in history.get(key, {}).items()})
-
-
-def log_errors(server_round: int, replies: list[Message]) -> None:
-    """A warning for each reply that carries an error instead of content."""
-    for msg in replies:
-        if msg.has_error():
-            log.warning(
-                "round %s: node %s replied with an error: %s",
-                server_round,
-                msg.metadata.src_node_id,
-                msg.error.reason,
-            )
-
-
-def _content_order(msg: Message) -> tuple[bool, str]:
-    if msg.has_error():
-        return (True, str(msg.error.reason))
-    records = msg.content.metric_records
-    return (False, json.dumps({k: dict(v) for k, v in records.items()}, sort_keys=True))
-
-
-def _weighs_nothing(msg: Message, key: str) -> bool:
-    """A reply whose weighting metric (``num-examples``) is 0: it evaluated no data."""
-    records = [] if msg.has_error() else list(msg.content.metric_records.values())
-    value = records[0].get(key) if records else None
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
-
-
-def weighted_metrics(updates: list[Any], weights: list[float]) -> dict[str, float]:
-    """Accepted clients' scalar metrics, averaged with the weights the aggregator applied.
-
-    A metric only some clients report is averaged over those clients (weights renormalised).
-    """
-    sums: dict[str, float] = {}
-    mass: dict[str, float] = {}
-    for update, w in zip(updates, weights, strict=True):
-        if w <= 0:
-            continue
-        for key, value in update.metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                sums[key] = sums.get(key, 0.0) + w * float(value)
-                mass[key] = mass.get(key, 0.0) + w
-    return {key: total / mass[key] for key, total in sums.items()}
 
 
 def strategy_from_run_config(

@@ -340,7 +340,7 @@ def test_client_ids_read_from_the_engine_are_checked_against_every_reply(
     replies name the same clients; a reply naming another client turns the read off, with a
     warning, and the nodes are asked from the next round on. Outside the simulation engine
     nothing is read."""
-    from fl_adapters.flower.strategy import simulated_partitions
+    from fl_adapters.flower.sampling import simulated_partitions
 
     assert simulated_partitions(object()) is None  # type: ignore[arg-type]
     strategy = FedBalanceStrategy("fedavg")
