@@ -24,7 +24,6 @@ from fl_adapters.registry import build_aggregator, get_registry
 from fl_partitions.params import FedbalanceError
 
 if TYPE_CHECKING:
-    from fl_adapters.astraea import AstraeaPlanner
     from fl_adapters.config import RunConfig
 
 log = logging.getLogger("fedbalance")
@@ -228,8 +227,14 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
 
     if args.config is not None:
         from fl_adapters.config import RunConfig
+        from fl_adapters.experiment import is_mediated, plan_of_run
 
-        print(json.dumps(plan_of_run(RunConfig.load(args.config)), indent=1))
+        config = RunConfig.load(args.config)
+        if not is_mediated(config.aggregator):
+            raise UsageError(
+                f"--config: aggregator must be astraea to preview a plan, got {config.aggregator!r}"
+            )
+        print(json.dumps(plan_of_run(config), indent=1))
         return 0
     if args.class_counts is None:
         raise UsageError("give --config RUN.yaml (a run's round 1) or --class-counts FILE")
@@ -262,47 +267,8 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
             "count_clip": args.count_clip,
         },
     )
-    print(json.dumps(preview(AstraeaPlanner(counts, aggregator), clients), indent=1))
+    print(json.dumps(AstraeaPlanner(counts, aggregator).preview(clients), indent=1))
     return 0
-
-
-def preview(planner: AstraeaPlanner, clients: list[int]) -> dict[str, Any]:
-    """A round's plan as ``fedbalance astraea plan`` prints it: the rebalancing, the round's
-    clients grouped into mediators, and the KL to uniform of mediators and clients."""
-    mediators = planner.mediators(clients)
-    kl = planner.client_kl()
-    return {
-        **planner.plan.as_dict(),
-        "gamma": planner.aggregator.group_size,
-        "clients": clients,
-        "mediators": mediators,
-        "kl": planner.mediator_kl(mediators),
-        "client_kl_before": kl["before"],
-        "client_kl_after": kl["after"],
-    }
-
-
-def plan_of_run(config: RunConfig) -> dict[str, Any]:
-    """Round 1 of an Astraea run of ``config``, as its hosts plan it: the clients' training
-    labels counted, the plan from the config's ``aggregator_args``, the round's clients drawn
-    by the hosts' sampler (:func:`~fl_adapters.sampling.sample_round`) and grouped."""
-    import numpy as np
-
-    from fedbalance_benchmarks.datasets import image_spec
-    from fl_adapters.astraea import AstraeaPlanner, label_counts
-    from fl_adapters.experiment import is_mediated, training_data
-    from fl_adapters.sampling import sample_round
-
-    if not is_mediated(config.aggregator):
-        raise UsageError(
-            f"--config: aggregator must be astraea to preview a plan, got {config.aggregator!r}"
-        )
-    aggregator = build_aggregator(config.aggregator, config.aggregator_args)
-    _, labels, partition = training_data(config)
-    classes = image_spec(config.dataset, config.data_dir)[2]  # the hosts count over these
-    counts = np.stack([label_counts(labels[s["train"]], classes) for s in partition.splits])
-    clients = sample_round(random.Random(config.seed), config.num_clients, config.clients_per_round)
-    return preview(AstraeaPlanner(counts, aggregator), clients)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

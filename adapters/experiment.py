@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from typing import Any
 
 import numpy as np
@@ -125,3 +126,21 @@ def json_line(row: dict[str, Any]) -> str:
 def json_doc(doc: dict[str, Any]) -> str:
     """A ``summary.json`` (see :func:`finite`)."""
     return json.dumps(finite(doc), indent=1, allow_nan=False) + "\n"
+
+
+def plan_of_run(config: RunConfig) -> dict[str, Any]:
+    """Round 1 of an Astraea run of ``config``, as its hosts plan it: the clients' training
+    labels counted, the plan from the config's ``aggregator_args``, the round's clients drawn
+    by the hosts' sampler (:func:`~fl_adapters.sampling.sample_round`) and grouped
+    (:meth:`~fl_adapters.astraea.AstraeaPlanner.preview`)."""
+    from fedbalance_benchmarks.datasets import image_spec
+    from fl_adapters.astraea import AstraeaPlanner, label_counts
+    from fl_adapters.registry import build_aggregator
+    from fl_adapters.sampling import sample_round
+
+    aggregator = build_aggregator(config.aggregator, config.aggregator_args)
+    _, labels, partition = training_data(config)
+    classes = image_spec(config.dataset, config.data_dir)[2]  # the hosts count over these
+    counts = np.stack([label_counts(labels[s["train"]], classes) for s in partition.splits])
+    clients = sample_round(random.Random(config.seed), config.num_clients, config.clients_per_round)
+    return AstraeaPlanner(counts, aggregator).preview(clients)

@@ -104,6 +104,22 @@ class AstraeaPlanner:
     def mediator_kl(self, mediators: list[list[int]]) -> list[float]:
         return mediator_kl(self.expected, mediators)
 
+    def preview(self, clients: list[int]) -> dict[str, Any]:
+        """A round's plan as ``fedbalance astraea plan`` prints it: the rebalancing, the
+        round's clients grouped into mediators, and the KL to uniform of mediators and
+        clients."""
+        mediators = self.mediators(clients)
+        kl = self.client_kl()
+        return {
+            **self.plan.as_dict(),
+            "gamma": self.aggregator.group_size,
+            "clients": clients,
+            "mediators": mediators,
+            "kl": self.mediator_kl(mediators),
+            "client_kl_before": kl["before"],
+            "client_kl_after": kl["after"],
+        }
+
     def annotate(
         self,
         aggregator: Astraea,
