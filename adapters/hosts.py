@@ -1,7 +1,6 @@
 """A host is one spec (:class:`HostSpec`): its name, the ``framework`` values it serves, the
 releases it supports, how ``fedbalance run`` runs and resumes it, how it is armed inside a stock
-deployment; the config keys a resumed run may change are the same on every host
-(:data:`MAY_CHANGE`). A host registers through the ``fedbalance_hosts`` hook, the three
+deployment and which of its config keys a resumed run may change. A host registers through the ``fedbalance_hosts`` hook, the three
 built-in ones directly (:data:`BUILTIN_HOSTS`): ``docs/architecture.md``, "Hosts as specs".
 
 This module imports no host and nothing heavy: the autoload reads it at interpreter start. The
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
     from fl_adapters.config import RunConfig
 
 #: ``fedbalance run`` config fields a resumed run may change (a longer run continues a
-#: shorter one); the same on every built-in host.
+#: shorter one), on every host: what a spec's ``may_change`` is unless it says otherwise.
 MAY_CHANGE = ("rounds", "eval_every", "eval_fraction", "data_dir")
 
 
@@ -56,6 +55,9 @@ class HostSpec:
     arm: str | None = None
     #: One line for ``fedbalance list``.
     description: str = ""
+    #: The keys of the host's own config (the ``fedbalance run`` config for FedLab) that a
+    #: resumed run may change; every other key must be the checkpoint's.
+    may_change: tuple[str, ...] = MAY_CHANGE
 
 
 def _run_fedlab(config: RunConfig, out: Path, options: RunOptions) -> dict[str, Any]:
@@ -123,6 +125,7 @@ FEDML = HostSpec(
     require=_require("fedml"),
     arm="fl_adapters.fedml.patches",
     description="FedML: sp simulation, MPI simulation, cross-silo over MPI or gRPC",
+    may_change=("comm_round", "frequency_of_the_test", "eval_every", "eval_fraction"),
 )
 FLOWER = HostSpec(
     name="flower",
@@ -134,5 +137,15 @@ FLOWER = HostSpec(
     run=_run_flower,
     require=_require_flower,
     description="Flower: simulation and deployment engines (its own environment)",
+    # The app's run config (evaluation draws from a stream of its own).
+    may_change=(
+        "num-server-rounds",
+        "out-dir",
+        "data-dir",
+        "checkpoint-dir",
+        "resume-from",
+        "eval-every",
+        "eval-fraction",
+    ),  # fmt: skip
 )
 BUILTIN_HOSTS = (FEDLAB, FEDML, FLOWER)

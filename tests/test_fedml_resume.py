@@ -72,7 +72,11 @@ def test_a_fedml_checkpoint_round_trips_and_refuses_another_run(tmp_path: Path) 
     ckpt = checkpoint.load(args)
     assert ckpt.round == 2 and list(ckpt.model) == ["w", "steps"]
     assert torch.equal(ckpt.model["w"], params["w"]) and ckpt.model["steps"].dtype == torch.int64
-    # comm_round may grow; anything that changes the run may not, and the error names it.
+    # comm_round may grow (the host spec's may_change); anything that changes the run may not,
+    # and the error names it.
+    from fl_adapters.hosts import FEDML
+
+    assert checkpoint.MAY_CHANGE is FEDML.may_change and "comm_round" in FEDML.may_change
     checkpoint.load(fedml_args(resume_from=str(tmp_path), comm_round=10))
     with pytest.raises(CheckpointError, match=r"random_seed: checkpoint 0, now 1"):
         checkpoint.load(fedml_args(resume_from=str(tmp_path), random_seed=1))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, check_plan, refuse_changes
+from fl_adapters.hosts import FEDML
 from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ SAME = (
     "aggregator_args",
     "val_fraction",
 )
-#: May change on resume (a longer run continues a shorter one).
-MAY_CHANGE = ("comm_round", "frequency_of_the_test", "eval_every", "eval_fraction")
+#: May change on resume (a longer run continues a shorter one): the host spec's.
+MAY_CHANGE = FEDML.may_change
 
 
 def _path(args: Any, field: str) -> Path | None:

@@ -14,26 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from fl_adapters.checkpoint import NAME, Checkpoint, refuse_changes
-from fl_adapters.flower.config import (
-    CHECKPOINT_KEY,
-    EVAL_EVERY_KEY,
-    EVAL_FRACTION_KEY,
-    RESUME_KEY,
-    WHERE,
-)
+from fl_adapters.flower.config import WHERE
+from fl_adapters.hosts import FLOWER
 
-HOST = "flower"
+HOST = FLOWER.name
 ROUNDS_KEY = "num-server-rounds"
-#: Run-config keys a resumed run may change (evaluation draws from a stream of its own).
-MAY_CHANGE = (
-    ROUNDS_KEY,
-    "out-dir",
-    "data-dir",
-    CHECKPOINT_KEY,
-    RESUME_KEY,
-    EVAL_EVERY_KEY,
-    EVAL_FRACTION_KEY,
-)
+#: Run-config keys a resumed run may change: the host spec's.
+MAY_CHANGE = FLOWER.may_change
 
 
 def identity(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -130,6 +130,26 @@ def test_a_run_shorter_than_its_checkpoint_is_refused(tmp_path: Path) -> None:
         checkpoint.load(tmp_path, checkpoint.identity({"seed": 2}), rounds=3)
 
 
+def test_what_may_change_on_resume_is_the_host_specs(tmp_path: Path) -> None:
+    """The Flower spec declares its resumable run-config keys; the checkpoint check reads them
+    there (a key the spec lists may change, any other is refused)."""
+    from fl_adapters.flower import config
+    from fl_adapters.hosts import FLOWER
+
+    keys = {config.CHECKPOINT_KEY, config.RESUME_KEY, config.EVAL_EVERY_KEY,
+            config.EVAL_FRACTION_KEY, checkpoint.ROUNDS_KEY}  # fmt: skip
+    assert keys <= set(FLOWER.may_change) and checkpoint.MAY_CHANGE is FLOWER.may_change
+    written = {"seed": 1, "eval-every": 1, "num-server-rounds": 2}
+    Checkpoint(
+        config=checkpoint.identity(written), round=2, model={"w": torch.ones(2)}, aggregator={},
+        participations={},
+    ).save(tmp_path / "checkpoint.pt")  # fmt: skip
+    later = checkpoint.identity(written | {"eval-every": 3, "num-server-rounds": 5})
+    assert checkpoint.load(tmp_path, later, rounds=5).round == 2
+    with pytest.raises(CheckpointError, match="eval-every, eval-fraction may change"):
+        checkpoint.load(tmp_path, checkpoint.identity(written | {"seed": 2}), rounds=5)
+
+
 @pytest.mark.parametrize("key", ["checkpoint-dir", "resume-from"])
 def test_checkpoint_keys_must_be_paths(key: str) -> None:
     with pytest.raises(ConfigError, match=f"{key} must be a directory path in a string"):
