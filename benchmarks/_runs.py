@@ -109,6 +109,12 @@ def output_dirs(
     return out_dir, runs
 
 
+def path_slug(*parts: str) -> str:
+    """``parts`` joined by ``-`` as a file name: anything but ``[A-Za-z0-9-_.]`` becomes ``_``."""
+    keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in "-".join(parts))
+    return keep.strip("_")
+
+
 def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
     """A run's ``metrics.jsonl``: one dict per round."""
     return [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]

@@ -349,7 +349,7 @@ def test_fedml_mpi_modes_match_sp(
 # -- faults ---------------------------------------------------------------------------------------
 def client_pids(config_path: Path, rank: int | None = None) -> list[int]:
     """PIDs of the run's FedLab client processes (of one rank, if given)."""
-    from fedbalance_benchmarks.reliability import client_pids as all_clients
+    from fedbalance_benchmarks.reliability_faults import client_pids as all_clients
 
     def rank_of(pid: int) -> int | None:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")

@@ -311,7 +311,7 @@ def check_launched(out: Path, host: str, backend: str, rounds: int) -> None:
 def test_a_killed_mpi_rank_names_itself_and_the_run_resumes(
     tmp_path: Path, framework: str, rank: int
 ) -> None:
-    from fedbalance_benchmarks.reliability import fedml_kill_and_resume
+    from fedbalance_benchmarks.reliability_faults import fedml_kill_and_resume
 
     out = tmp_path / "out"
     config = run_config(tmp_path, "mpi", framework=framework, rounds=50)
@@ -331,7 +331,7 @@ def test_a_killed_grpc_silo_then_server_name_themselves_and_the_run_resumes(
     pytest.importorskip("grpc")
     import dataclasses
 
-    from fedbalance_benchmarks.reliability import fedml_kill
+    from fedbalance_benchmarks.reliability_faults import fedml_kill
     from fl_adapters.fedml.runner import run_fedml
 
     out = tmp_path / "out"

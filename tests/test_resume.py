@@ -20,7 +20,7 @@ pytest.importorskip("fedlab")
 
 from helpers import digits_run
 
-from fedbalance_benchmarks.reliability import (
+from fedbalance_benchmarks.reliability_faults import (
     Exploit,
     damaged_checkpoints,
     fault_config,
