@@ -107,6 +107,26 @@ def test_mpi_simulation_aggregates_with_fedloss(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @needs_mpi
+def test_a_one_round_mpi_simulation_finishes(tmp_path: Path) -> None:
+    """FedML 0.9.6's MPI clients finish only after a round's sync message; a 1-round run sends
+    none, so its server waited in MPI.Finalize for clients that never finished."""
+    from fl_adapters.processes import start_logged, watch
+
+    rec, cfg, log = (
+        tmp_path / "rec.jsonl",
+        config(tmp_path, "mpi.yaml", comm_round=1),
+        tmp_path / "log",
+    )
+    cmd = [*MPIRUN, "-np", "3", "-x", "FEDBALANCE_RECORD", sys.executable, str(EXAMPLE / "main.py"),
+           "--cf", str(cfg)]  # fmt: skip
+    env = {**os.environ, "FEDBALANCE_RECORD": str(rec)}
+    failed = watch([("FedML", start_logged(cmd, log, cwd=tmp_path, env=env))], timeout=120)
+    assert failed is None, f"{failed}: {log.read_text()[-3000:]}"  # every rank stopped if not
+    check_fedloss_records(records(rec), "fedml-mpi", rounds=1)
+
+
+@pytest.mark.slow
+@needs_mpi
 def test_cross_silo_with_a_user_supplied_client_trainer(tmp_path: Path) -> None:
     rec, log = tmp_path / "rec.jsonl", tmp_path / "trainer.log"
     out = run_host(

@@ -17,12 +17,14 @@ HOST = "fedml-mpi"
 
 
 def client_init(self: Any, original: Any, msg_params: Any) -> Any:
-    server_round = shared.downlink_round(msg_params)
+    server_round = shared.downlink_round(msg_params)  # a resumed run's (None: round 1)
     out = original(self, msg_params)  # counts from round 0 and trains it
     if server_round is not None:
         self.args.round_idx = server_round - 1
-        if server_round >= int(self.num_rounds):  # a resumed run's only round: no sync follows,
-            self.finish()  # and FedML's clients finish only after one
+    # The run's only round (comm_round 1, or a resumed run's last): no sync follows, and
+    # FedML's clients finish only after one, so the server's MPI.Finalize would wait forever.
+    if (server_round or 1) >= int(self.num_rounds):
+        self.finish()
     return out
 
 
