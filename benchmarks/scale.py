@@ -119,7 +119,7 @@ def run_config(host: str, clients: int, rounds: int, per_round: int, seed: int) 
 
 
 def flower_python() -> Path:
-    from fedbalance_benchmarks.perf_aggregate import default_flower_venv
+    from fedbalance_benchmarks._flower_env import default_flower_venv
 
     return default_flower_venv() / "bin" / "python"
 
