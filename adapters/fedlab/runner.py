@@ -12,6 +12,7 @@ an uninterrupted run. A cross-process run's launcher is :mod:`fl_adapters.fedlab
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -330,7 +331,7 @@ def client_slices(num_clients: int, processes: int) -> list[list[int]]:
     """Contiguous client-id ranges, one per client process (FedLab's Coordinator maps them so)."""
     base, extra = divmod(num_clients, processes)
     bounds = [p * base + min(p, extra) for p in range(processes + 1)]
-    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
 
 
 def run_server(
