@@ -179,7 +179,7 @@ def descendants(pid: int) -> list[int]:
     before stopping their ancestor, and stop whatever of them is still alive after.
     """
     children: dict[int, list[int]] = {}
-    for child, stat in _proc("stat"):
+    for child, stat in proc_files("stat"):
         # The command name may hold spaces or parentheses: the fields start after the last ")".
         children.setdefault(int(stat.rsplit(b")", 1)[1].split()[1]), []).append(child)
     found, todo = [], [pid]
@@ -203,14 +203,14 @@ def matching(marks: list[str]) -> list[int]:
     """Live processes (other than this one) whose command line contains any of ``marks``
     (Linux ``/proc``; empty elsewhere)."""
     found = []
-    for pid, raw in _proc("cmdline"):
+    for pid, raw in proc_files("cmdline"):
         cmd = raw.replace(b"\0", b" ").decode(errors="replace")
         if pid != os.getpid() and any(mark in cmd for mark in marks):
             found.append(pid)
     return found
 
 
-def _proc(name: str) -> Iterator[tuple[int, bytes]]:
+def proc_files(name: str) -> Iterator[tuple[int, bytes]]:
     """``(pid, /proc/PID/NAME)`` of every live process (none where there is no ``/proc``)."""
     try:
         entries = [int(e) for e in os.listdir("/proc") if e.isdigit()]

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from fedbalance_benchmarks._runs import path_slug
+from fl_adapters.processes import proc_files
 
 
 def fault_config(**overrides: Any) -> Any:
@@ -62,17 +63,12 @@ def stop_and_resume(work: Path, config: Any, stop_after: int) -> dict[str, Any]:
 
 def client_pids(config_path: Path) -> list[int]:
     """PIDs of the FedLab client processes of the run configured by ``config_path``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"fedlab-client" in cmd and str(config_path).encode() in cmd:
-            pids.append(int(proc.name))
-    return pids
+    want = str(config_path).encode()
+    return [
+        pid
+        for pid, raw in proc_files("cmdline")
+        if b"fedlab-client" in (cmd := raw.split(b"\0")) and want in cmd
+    ]
 
 
 def kill_client_and_resume(work: Path, config: Any, kill_after: int) -> dict[str, Any]:
@@ -134,22 +130,23 @@ def fedml_pids(out: Path, rank: int | None = None) -> list[int]:
     """This FedML run's processes (their command line names ``out/fedml.yaml``); with ``rank``,
     the one that is that rank (an ``mpirun`` rank, or a gRPC process's ``--rank``)."""
     found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-            env = (d / "environ").read_bytes().split(b"\0") if rank is not None else []
-        except OSError:
-            continue
+    for pid, raw in proc_files("cmdline"):
+        cmd = raw.split(b"\0")
         if str(out / "fedml.yaml").encode() not in cmd:
             continue
         if rank is not None:
             grpc = b"--rank" in cmd and cmd[cmd.index(b"--rank") + 1] == str(rank).encode()
-            if not grpc and f"OMPI_COMM_WORLD_RANK={rank}".encode() not in env:
+            if not grpc and f"OMPI_COMM_WORLD_RANK={rank}".encode() not in _environ(pid):
                 continue
-        found.append(int(d.name))
+        found.append(pid)
     return found
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # it ended meanwhile
+        return []
 
 
 def fedml_kill(
