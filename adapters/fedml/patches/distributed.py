@@ -92,8 +92,9 @@ def relay(
         return None
     if not astraea.relay.done():
         return None
+    own = index(sender)  # the sender's flag is FedML's own to set
     for i in range(count):
-        if i != index(sender):
+        if i != own:
             self.aggregator.flag_client_model_uploaded_dict[i] = True
     return original(self, msg_params)
 
