@@ -1,18 +1,11 @@
 """Astraea in FedLab: a server handler that plans mediators, a serial trainer whose units are
-mediators, and the relay that carries mediators across processes.
-
-Standalone: the handler's downlink is ``[params, rad, layout]`` (:func:`encode_mediators`) and
-the trainer uploads one ``[params, meta]`` per mediator (``meta`` = mediator index, ``n_m``).
-Cross-process: each client process reports its label counts once after FedLab's set-up
-(:func:`report_counts`), and the server relays each mediator's model between the processes
-holding its members (:func:`relay_rounds` on :class:`~fl_adapters.astraea.MediatorRelay`):
-``[local ids, params, rad, hop]`` down (:func:`encode_hop`), ``[params, meta]`` up. The
-protocol as a whole is in ``docs/astraea.md`` (FedLab rows).
+mediators, and the relay that carries mediators across processes. The messages of each mode
+(:func:`encode_mediators`, :func:`report_counts`, :func:`encode_hop`, :func:`relay_rounds`)
+are in ``docs/astraea.md`` (FedLab rows).
 """
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Sequence
@@ -20,9 +13,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from fedlab.utils import MessageCode
 
 from fl_adapters.astraea import (
     AstraeaPlanner,
+    MediatorRelay,
     RebalancedCache,
     dataset_tensors,
     label_counts,
@@ -30,12 +25,10 @@ from fl_adapters.astraea import (
 )
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
-from fl_adapters.fedlab.payload import encode, pack_meta
+from fl_adapters.fedlab.payload import decode, encode, pack_meta
 from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer, LocalConfig, UplinkHook
 from fl_aggregators.astraea import Astraea
 from fl_partitions.params import ParameterError
-
-log = logging.getLogger(__name__)
 
 
 def encode_mediators(mediators: list[list[int]]) -> torch.Tensor:
@@ -77,8 +70,6 @@ def decode_hop(payload: list[torch.Tensor]) -> tuple[int, list[int]] | None:
 
 def report_counts(network: Any, counts: Any) -> None:
     """A client process's label counts (its clients x classes), sent once after FedLab's set-up."""
-    from fedlab.utils import MessageCode
-
     matrix = torch.as_tensor(np.asarray(counts, dtype=np.float64), dtype=torch.float32)
     rows, cols = matrix.shape if matrix.dim() == 2 else (0, 0)
     content = torch.cat([torch.tensor([rows, cols], dtype=torch.float32), matrix.flatten()])
@@ -103,8 +94,6 @@ def relay_rounds(manager: Any, planner: AstraeaPlanner, plan: Any) -> None:
     returns the mediators; their models travel through the client processes along a
     :class:`~fl_adapters.astraea.MediatorRelay`, and the handler's ``load`` gets one package per
     mediator (it aggregates on the last)."""
-    from fedlab.utils import MessageCode
-
     handler, network, coordinator = manager._handler, manager._network, manager.coordinator
     rad = torch.as_tensor(planner.rad, dtype=torch.float32)
     # Sends run on their own thread, as FedLab's activator does: a gloo send to a process that
@@ -143,11 +132,6 @@ def relay_rounds(manager: Any, planner: AstraeaPlanner, plan: Any) -> None:
 def _relay_loop(
     handler: Any, network: Any, planner: AstraeaPlanner, plan: Any, send: Any, owner: Any
 ) -> None:
-    from fedlab.utils import MessageCode
-
-    from fl_adapters.astraea import MediatorRelay
-    from fl_adapters.fedlab.payload import decode
-
     while handler.if_stop is not True:
         mediators = plan()
         relay = MediatorRelay(mediators, planner.aggregator.mediator_epochs, owner=owner)

@@ -1,14 +1,9 @@
-"""A FedLab server handler that aggregates with any fedbalance aggregator.
-
-:class:`FedBalanceServerHandler` is FedLab's ``SyncServerHandler`` with ``global_update``
-replaced: it decodes each uplink (parameters, sample count, metrics), hands the list to the
-fedbalance aggregator (which rejects bad clients, bounds losses, keeps state and records the
-round), and loads the result into the global model. A skipped round keeps the model.
+"""A FedLab server handler that aggregates with any fedbalance aggregator: FedLab's
+``SyncServerHandler`` with ``global_update`` replaced (a skipped round keeps the model).
 """
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +16,6 @@ from fl_adapters.fedlab.payload import decode
 from fl_adapters.registry import build_aggregator
 from fl_adapters.sampling import sample_round
 from fl_aggregators import AggregationResult, Aggregator
-
-log = logging.getLogger(__name__)
 
 
 def aggregate_into(

@@ -1,31 +1,18 @@
-"""Makes a stock FedLab script aggregate with a fedbalance plugin, chosen by environment.
+"""Makes a stock FedLab script aggregate with a fedbalance plugin, chosen by environment
+(``FEDBALANCE_AGGREGATOR``, ``FEDBALANCE_AGGREGATOR_ARGS``, as FedLab has no config files).
 
-FedLab has no config files, so the switch is the environment::
+What :func:`arm` patches when FedLab is imported, and how to turn it off, is in
+``docs/hosts/fedlab.md`` (item 1): the handler aggregates with one stateful aggregator instead
+of FedLab's unweighted ``fedavg_aggregate``, the trainers append ``[client_id, num_samples,
+val_loss]`` (the loss only when the aggregator needs it). With ``astraea`` the trainers train
+each mediator's chain on rebalanced data, ``SyncServerHandler.load`` waits for one package per
+mediator, and over ``DistNetwork`` the managers exchange label counts once and relay the chains
+(``docs/astraea.md``, FedLab rows).
 
-    FEDBALANCE_AGGREGATOR=fedloss FEDBALANCE_AGGREGATOR_ARGS='{"loss_clip": 5}' python server.py
-
-When FedLab is imported with ``FEDBALANCE_AGGREGATOR`` set, :func:`arm` patches FedLab's own
-classes in this process (and nothing when it is unset):
-
-* ``SyncServerHandler.global_update`` aggregates the round's buffer with the named aggregator
-  (one stateful instance per handler) instead of FedLab's unweighted ``fedavg_aggregate``, and
-  records it (``FEDBALANCE_RECORD``).
-* ``SGDSerialClientTrainer.local_process`` and ``SGDClientTrainer.local_process`` /
-  ``uplink_package`` hold out each client's validation data — the dataset's ``"val"`` split
-  when its ``get_dataset(id, "val")`` has one, otherwise a deterministic 10 % of its training
-  data — train with FedLab's own ``train``, and append ``[client_id, num_samples, val_loss]``
-  to the uplink. The validation loss is computed only if the aggregator needs it.
-* ``astraea`` (mediated): the trainers train each mediator's chain with FedLab's own ``train``
-  on rebalanced data, ``SyncServerHandler.load`` waits for one package per mediator, and over
-  ``DistNetwork`` the managers exchange label counts once and relay the chains (see
-  ``docs/astraea.md``, FedLab rows).
-
-An unknown aggregator name stops ``import fedlab`` with the registry's message, before any
-training. A handler or trainer class whose own code bypasses the patched methods is refused
-when it is constructed (:func:`check_handler`, :func:`check_trainer`; the list is in
-``docs/hosts/beside.md``): the aggregator would otherwise be silently unused. fedbalance's own
-classes (``_fedbalance_native``) aggregate themselves and pass.
-``FEDBALANCE_DISABLE_HOST_AUTOLOAD=1`` turns it off.
+A handler or trainer class whose own code bypasses the patched methods is refused when it is
+constructed (:func:`check_class`; the list is in ``docs/hosts/beside.md``): the aggregator
+would otherwise be silently unused. fedbalance's own classes (``_fedbalance_native``)
+aggregate themselves and pass.
 Client ids in the records are the ids FedLab hands the trainer (local ids in a cross-process
 run with serial trainers).
 """
@@ -100,30 +87,14 @@ def _refuse(cls: type, name: str, why: str, works: str) -> ValueError:
     )
 
 
-def check_handler(cls: type, name: str, patched: dict[str, Any]) -> None:
-    """Refuse a server handler class whose aggregation does not go through the patched
-    ``SyncServerHandler`` methods (``patched``: method name -> the patch)."""
-    from fedlab.contrib.algorithm.basic_server import SyncServerHandler
-
+def check_class(
+    cls: type, name: str, patched: dict[type, dict[str, Any]], works: str, other: str
+) -> None:
+    """Refuse a handler or trainer class whose own code bypasses the patches (``patched``:
+    base -> method name -> the patch; a trainer's attach the metadata the aggregator needs):
+    one that overrides a patched method, or derives from none of the bases (``other``)."""
     if getattr(cls, "_fedbalance_native", False):
         return
-    works = (
-        "SyncServerHandler or a subclass that keeps its global_update (e.g. FedAvgServerHandler)"
-    )
-    if not issubclass(cls, SyncServerHandler):
-        raise _refuse(cls, name, "it is not a SyncServerHandler (synchronous rounds)", works)
-    for method, patch in patched.items():
-        if getattr(cls, method) is not patch:
-            why = f"its {method} ({_owner(cls, method)}) replaces SyncServerHandler's"
-            raise _refuse(cls, name, why, works)
-
-
-def check_trainer(cls: type, name: str, patched: dict[type, dict[str, Any]]) -> None:
-    """Refuse a client trainer class that would not send what the aggregator needs (its own
-    ``local_process`` or ``uplink_package`` skip the patched ones that attach the metadata)."""
-    if getattr(cls, "_fedbalance_native", False):
-        return
-    works = "SGDSerialClientTrainer or SGDClientTrainer (or FedAvgSerialClientTrainer)"
     for base, methods in patched.items():
         if issubclass(cls, base):
             for method, patch in methods.items():
@@ -131,9 +102,7 @@ def check_trainer(cls: type, name: str, patched: dict[type, dict[str, Any]]) -> 
                     why = f"its {method} ({_owner(cls, method)}) replaces {base.__qualname__}'s"
                     raise _refuse(cls, name, why, works)
             return
-    raise _refuse(
-        cls, name, "it is neither an SGDSerialClientTrainer nor an SGDClientTrainer", works
-    )
+    raise _refuse(cls, name, other, works)
 
 
 def _checked_init(original: Any, check: Any) -> Any:
@@ -156,8 +125,8 @@ class FedLabArming:
 
     Each patch is a method taking the FedLab object first (the handler, trainer or manager it
     replaces a method of). The standalone process's Astraea state lives here: the planner,
-    the round's mediators, and each client's rebalanced data (made once, seeded by the
-    client's global id, whichever path trains it).
+    the round's mediators, and each client's rebalanced data (made once, seeded by the run's
+    ``FEDBALANCE_SEED`` and the client's global id, whichever path trains it).
     """
 
     def __init__(self, name: str, args: dict[str, Any]) -> None:
@@ -174,11 +143,6 @@ class FedLabArming:
         self.mediators: list[list[int]] | None = None
         self.data = RebalancedCache()
         self.stock: dict[str, Any] = {}  # FedLab's own methods that the patches call
-
-    @property
-    def seed(self) -> int:
-        """The run's seed (``FEDBALANCE_SEED``): each client's rebalancing is seeded by it."""
-        return int(os.environ.get(ENV_SEED, "0"))
 
     def aggregator(self) -> Any:
         return self.registry.make_aggregator(self.name, **self.args)
@@ -214,7 +178,7 @@ class FedLabArming:
     def rebalanced(self, trainer: Any, local: int, client: int, rad: Any) -> TensorDataset:
         """Client ``client``'s training data (``local`` in ``trainer``'s dataset), rebalanced."""
         load = lambda: trainer.dataset.get_dataset(int(local), "train")  # noqa: E731
-        return self.data.get(client, rad, self.seed, load)
+        return self.data.get(client, rad, int(os.environ.get(ENV_SEED, "0")), load)
 
     def relay_hop(self, trainer: Any, payload: list[torch.Tensor], id_list: list[int]) -> list[Any]:
         """Cross-process: train one hop's members (local ids, in order); ``[params, meta]``."""
@@ -363,12 +327,22 @@ class FedLabArming:
                 (SGDClientTrainer, ("local_process", "uplink_package")),
             )
         }
-        name = self.name
-        checks = {
-            ServerHandler: lambda c: check_handler(c, name, server),
-            ClientTrainer: lambda c: check_trainer(c, name, trainers),
-            SerialClientTrainer: lambda c: check_trainer(c, name, trainers),
-        }
+        handlers = functools.partial(
+            check_class,
+            name=self.name,
+            patched={SyncServerHandler: server},
+            works="SyncServerHandler or a subclass that keeps its global_update (e.g. "
+            "FedAvgServerHandler)",
+            other="it is not a SyncServerHandler (synchronous rounds)",
+        )
+        clients = functools.partial(
+            check_class,
+            name=self.name,
+            patched=trainers,
+            works="SGDSerialClientTrainer or SGDClientTrainer (or FedAvgSerialClientTrainer)",
+            other="it is neither an SGDSerialClientTrainer nor an SGDClientTrainer",
+        )
+        checks = {ServerHandler: handlers, ClientTrainer: clients, SerialClientTrainer: clients}
         for base, check in checks.items():
             patches.set(base, "__init__", _checked_init(base.__init__, check))
 

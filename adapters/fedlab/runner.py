@@ -1,12 +1,10 @@
 """Config-driven FedLab runs: standalone (``StandalonePipeline``) and cross-process (``DistNetwork``).
 
-Rounds run in FedLab's own loop — the standalone pipeline, or FedLab's server and client
-managers over ``torch.distributed`` (gloo on 127.0.0.1). This module only builds the pieces
-from a :class:`~fl_adapters.config.RunConfig` and, after every aggregation, evaluates the
-global model on all clients' test splits (weighted by size, as the thesis does), appends
-a line to ``metrics.jsonl`` and writes ``checkpoint.pt`` (:mod:`fl_adapters.checkpoint`).
-``resume=True`` continues a stopped run from that checkpoint and ends on the same model as
-an uninterrupted run. A cross-process run's launcher is :mod:`fl_adapters.fedlab.launch`.
+Rounds run in FedLab's own loop (cross-process: FedLab's managers over ``torch.distributed``,
+gloo on 127.0.0.1). This module builds the pieces from a :class:`~fl_adapters.config.RunConfig`
+and, after every aggregation, evaluates the global model and writes the run's records and
+checkpoint, from which ``resume=True`` continues (``docs/run.md``). A cross-process run's
+launcher is :mod:`fl_adapters.fedlab.launch`.
 """
 
 from __future__ import annotations
@@ -21,8 +19,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from fedlab.utils import SerializationTool
 
 from fl_adapters._training import evaluate, evaluated_clients, evaluates
+from fl_adapters.astraea import label_counts
 from fl_adapters.checkpoint import (
     Checkpoint,
     check_plan,
@@ -32,10 +32,20 @@ from fl_adapters.checkpoint import (
 )
 from fl_adapters.config import RunConfig
 from fl_adapters.experiment import is_mediated, json_line, metric_prefix, run_summary, training_data
+from fl_adapters.fedlab.astraea import (
+    AstraeaSerialTrainer,
+    AstraeaServerHandler,
+    client_labels,
+    param_bytes,
+    receive_counts,
+    relay_rounds,
+    report_counts,
+)
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.launch import check_processes, load_checkpoint
-from fl_adapters.fedlab.trainer import LocalConfig, UplinkHook
+from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer, LocalConfig, UplinkHook
+from fl_adapters.registry import build_aggregator, get_registry
 from fl_adapters.rundir import RunFiles
 from fl_aggregators import AggregationResult
 from fl_aggregators.astraea_plan import client_kl, mediator_kl
@@ -63,7 +73,6 @@ def build(config: RunConfig) -> Experiment:
     """
     from fedbalance_benchmarks.datasets import image_spec
     from fedbalance_benchmarks.models import model_for
-    from fl_adapters.registry import get_registry
 
     aggregator_cls = get_registry().aggregator(config.aggregator)
     train, _, partition = training_data(config)
@@ -106,7 +115,7 @@ class MetricsWriter:
 
             cfg = exp.config
             self.test = [load_dataset(cfg.dataset, train=False, data_dir=cfg.data_dir)]
-        self.param_bytes = sum(p.numel() * p.element_size() for p in exp.model.parameters())
+        self.param_bytes = param_bytes(exp.model)
         self.astraea: Any = None  # the AstraeaPlanner of an Astraea run
         #: Standalone: the serial trainer, whose counts of samples trained (and, for Astraea,
         #: of the labels of the rebalanced data) the rows report.
@@ -132,9 +141,8 @@ class MetricsWriter:
         if self.test is not None:
             return self.test
         cfg, data = self.exp.config, self.exp.data
-        split = "val" if cfg.eval_data == "val" else "test"
         chosen = evaluated_clients(data.num, cfg.eval_fraction, cfg.seed, round_number)
-        return [data.get_dataset(c, split) for c in chosen]
+        return [data.get_dataset(c, metric_prefix(cfg)) for c in chosen]
 
     def __call__(
         self,
@@ -156,10 +164,8 @@ class MetricsWriter:
             loss, acc, n = evaluate(handler.model, self.evaluation_data(rnd))
             pre = metric_prefix(self.exp.config)
             row.update({f"{pre}_loss": loss, f"{pre}_accuracy": acc, f"{pre}_samples": n})
-        if "bounded" in result.extra:  # clients whose count or loss a bound lowered
-            row["bounded"] = result.extra["bounded"]
-        if "update_scale" in result.extra:  # update_clip: how much each update was shortened
-            row["update_scale"] = result.extra["update_scale"]
+        # bounded: clients whose count or loss a bound lowered; update_scale: update_clip's cuts
+        row.update({k: result.extra[k] for k in ("bounded", "update_scale") if k in result.extra})
         traffic = result.extra.get("bytes")
         if traffic is not None:  # Astraea: server and mediator hops
             if bytes_down is None:  # standalone: the protocol's traffic (measured cross-process)
@@ -196,8 +202,6 @@ class MetricsWriter:
         return rebalanced.trained_counts if rebalanced is not None else {}
 
     def save_checkpoint(self, handler: FedBalanceServerHandler) -> None:
-        from fedlab.utils import SerializationTool
-
         planner = getattr(handler, "planner", None)
         Checkpoint(
             config=self.exp.config.to_dict(),
@@ -250,9 +254,6 @@ def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandl
     )
     rounds, ratio = cfg.rounds, cfg.clients_per_round / cfg.num_clients
     if is_mediated(cfg.aggregator):
-        from fl_adapters.astraea import label_counts
-        from fl_adapters.fedlab.astraea import AstraeaServerHandler, client_labels
-
         counts = [label_counts(y, exp.num_classes) for y in client_labels(exp.data)]
         return AstraeaServerHandler(exp.model, rounds, ratio, class_counts=counts, **kwargs)
     return FedBalanceServerHandler(exp.model, rounds, ratio, **kwargs)
@@ -260,8 +261,6 @@ def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandl
 
 def restore(handler: FedBalanceServerHandler, ckpt: Checkpoint) -> None:
     """Put ``handler`` (model, round, aggregator state, sampler) where ``ckpt`` left it."""
-    from fedlab.utils import SerializationTool
-
     # load_checkpoint has refused another host's; check_model refuses another shape or dtype.
     ckpt.check_model(SerializationTool.serialize_model(handler.model), Path("checkpoint.pt"))
     planner = getattr(handler, "planner", None)
@@ -289,9 +288,6 @@ def run_standalone(
     ``out_dir/checkpoint.pt``.
     """
     from fedlab.core.standalone import StandalonePipeline
-
-    from fl_adapters.fedlab.astraea import AstraeaSerialTrainer, AstraeaServerHandler
-    from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer
 
     class Pipeline(StandalonePipeline):
         def evaluate(self) -> None:  # evaluation happens after each aggregation (on_round)
@@ -345,8 +341,6 @@ def run_server(
     """The server role of a cross-process run (rank 0)."""
     from fedlab.core.network import DistNetwork
     from fedlab.core.server.manager import SynchronousServerManager
-
-    from fl_adapters.fedlab.astraea import AstraeaServerHandler, receive_counts, relay_rounds
 
     ckpt = load_checkpoint(config, out_dir) if resume else None
     exp = build(config)
@@ -403,9 +397,6 @@ def run_client(
     from fedlab.core.client.manager import PassiveClientManager
     from fedlab.core.network import DistNetwork
 
-    from fl_adapters.fedlab.astraea import AstraeaSerialTrainer, client_labels, report_counts
-    from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer
-
     check_processes(config, world_size - 1)
     if not 1 <= rank < world_size:
         raise ParameterError(
@@ -416,9 +407,6 @@ def run_client(
     trainer: FedBalanceSerialTrainer
     manager_cls: Any = PassiveClientManager
     if is_mediated(config.aggregator):
-        from fl_adapters.astraea import label_counts
-        from fl_adapters.registry import build_aggregator
-
         agg = build_aggregator(config.aggregator, config.aggregator_args)
         trainer = AstraeaSerialTrainer(
             exp.model, exp.data, exp.local, agg.mediator_epochs, client_ids=ids

@@ -3,11 +3,6 @@
 Both trainers hold out each client's validation split (from the partition's local split,
 70/10/20 by default), train with a fresh optimizer on the train split, measure the validation
 loss when the aggregator needs it, and upload ``[params, meta]`` (see :mod:`.payload`).
-
-* :class:`FedBalanceSerialTrainer` simulates many clients in one process (FedLab's
-  ``SerialClientTrainer``), for the standalone pipeline or one rank of a cross-process run.
-* :class:`FedBalanceClientTrainer` is one client per process (FedLab's ``ClientTrainer``).
-
 The data order of client ``c``'s ``k``-th participation is seeded by ``(seed, c, k)``, so a
 client trains identically whether it runs in the standalone pipeline or its own process.
 """
