@@ -1,14 +1,8 @@
 """What fedbalance's FedML 0.9.6 patches share, in every mode: the settings, the checks that
-stop a run before training, the run state, client training with validation and aggregation.
-
-FedML has no aggregator registry, so :mod:`fl_adapters.fedml.patches` (armed right after
-``import fedml`` by fedbalance's autoload) wraps the aggregation point and the client training
-of each mode. Every wrapper decides on each call from ``self.args``: when the host's flattened
-args name a fedbalance aggregator (``aggregator:`` in any YAML section, optional
-``aggregator_args:``) it runs fedbalance's path, otherwise FedML's own method, untouched.
-Deciding per call (not in ``FedMLRunner``) also covers scripts that build FedML's simulators,
-``Server`` or ``Client`` directly. An unknown name, or a ``federated_optimizer`` that bypasses
-the wrapped aggregation point (:data:`BYPASSING`), stops the run in ``fedml.init()``.
+stop a run before training, the run state, client training with validation and aggregation
+(how the patches use them: docs/hosts/fedml.md). The wrappers decide on each call from
+``self.args``, not in ``FedMLRunner``, so scripts that build FedML's simulators, ``Server`` or
+``Client`` directly are covered too.
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ from torch.utils.data import DataLoader, Subset
 
 from fl_adapters._training import evaluate, stream_seed, training_clock
 from fl_adapters.config import check_eval_keys
+from fl_adapters.fedml.ipconfig import check_grpc
 from fl_adapters.fedml.payload import attach, decode, strip
 from fl_aggregators import Aggregator
 from fl_partitions.params import ParameterError, shown
@@ -110,14 +105,14 @@ def current() -> RunState:
     return _RUN
 
 
-def check_optimizer(args: Any, host: str, name: str, agg: Aggregator | None = None) -> None:
+def check_optimizer(args: Any, host: str, name: str, agg: Aggregator) -> None:
     """Stop before training when ``federated_optimizer`` bypasses fedbalance's aggregation:
     the aggregator the user wrote would otherwise be silently unused. Cross-silo ``LSA`` runs
     the aggregators that can work on a masked sum (:mod:`fl_adapters.fedml.secure`)."""
     optimizer = str(getattr(args, "federated_optimizer", WRAPPED_OPTIMIZER) or WRAPPED_OPTIMIZER)
     if optimizer == WRAPPED_OPTIMIZER:
         return
-    if optimizer == SECURE_OPTIMIZER and host == "fedml-cross-silo" and agg is not None:
+    if optimizer == SECURE_OPTIMIZER and host == "fedml-cross-silo":
         check_secure(args, name, agg)
         return
     why = BYPASSING.get(optimizer, f"FedML's {optimizer} does not aggregate through FedAvg's code")
@@ -208,26 +203,23 @@ def train_with_validation(
 ) -> OrderedDict[str, Any]:
     """Host trainer's ``train`` on the train part, then the validation loss, into the payload."""
     run = current()
-    need_val = run.need_val
     train, val = (
-        split_train_val(data, client, run.seed, run.val_fraction) if need_val else (data, None)
+        split_train_val(data, client, run.seed, run.val_fraction) if run.need_val else (data, None)
     )
     if w_global is not None:
         model_trainer.set_model_params(w_global)
     with training_clock(client):
         model_trainer.train(train, device, args)
     weights = model_trainer.get_model_params()
-    loss = validation_loss(model_trainer, val, device, args) if need_val else None
+    loss = validation_loss(model_trainer, val, device, args) if run.need_val else None
     return attach(weights, client, loss)
 
 
 def aggregate(model_list: list[tuple[Any, Any]], global_params: Any) -> OrderedDict[str, Any]:
     """fedbalance aggregation of FedML's ``[(sample_num, params), ...]``; returns clean params."""
     run = current()
-    agg: Aggregator = run.aggregator
     updates = [decode(n, params, f"#{i}") for i, (n, params) in enumerate(model_list)]
-    result = agg.aggregate(clean_params(global_params), updates, host=run.host)
-    params = result.params
+    params = run.aggregator.aggregate(clean_params(global_params), updates, host=run.host).params
     if isinstance(params, torch.Tensor):  # cannot happen for a state dict input
         raise ParameterError("FedML parameters must be a state dict")
     return OrderedDict(params.items())
@@ -247,15 +239,14 @@ def state_for(args: Any, host: str) -> RunState | None:
     key = (host, name, repr(sorted(extra.items())))
     global _RUN
     if _RUN is None or _RUN.key != key:  # one aggregator (and its state) per process and setting
-        from fl_adapters.registry import get_registry
+        from fl_adapters.registry import build_aggregator
 
-        registry = get_registry()
-        cls = registry.aggregator(name)
+        agg = build_aggregator(name, extra)
         _RUN = RunState(
             key=key,
             host=host,
-            aggregator=registry.make_aggregator(name, **extra),
-            need_val="val_loss" in getattr(cls, "required_metrics", ()),
+            aggregator=agg,
+            need_val="val_loss" in getattr(agg, "required_metrics", ()),
             val_fraction=float(getattr(args, "val_fraction", 0.1)),
             seed=int(getattr(args, "random_seed", 0) or 0),
         )
@@ -303,8 +294,6 @@ def validate(args: Any) -> None:
     mode = checked[0]
     check_world_size(args, mode)
     if mode[1] == "GRPC":
-        from fl_adapters.fedml.ipconfig import check_grpc
-
         check_grpc(args)
     check_resume(args)
 

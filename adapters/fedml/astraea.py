@@ -1,13 +1,7 @@
-"""Astraea in FedML (``aggregator: astraea`` in an unmodified host script).
-
-sp (:class:`SpAstraea`): FedML samples as usual; the clients come back grouped into mediators,
-in mediator order; the slot of a mediator's first member runs the whole chain with FedML's own
-``model_trainer.train`` on each member's rebalanced data, the others' slots return its result,
-and ``_aggregate`` gets one update per mediator. MPI simulation and cross-silo
-(:class:`SiloAstraea`): the server plays each mediator's relay, and ``rad`` and the round travel
-in the downlink under reserved keys. A client's training is seeded by ``(seed, client, round,
-pass)`` in every mode, so one config gives the same plan, mediators and (to float order) models
-in all three (docs/astraea.md).
+"""Astraea in FedML (``aggregator: astraea`` in an unmodified host script): :class:`SpAstraea`
+in sp, :class:`SiloAstraea` on the server of MPI simulation and cross-silo, where ``rad`` and
+the round travel in the downlink under reserved keys. How each mode runs the mediators, and
+why all three end on the same model: docs/astraea.md.
 """
 
 from __future__ import annotations
@@ -162,10 +156,7 @@ class SiloAstraea:
     Used by cross-silo (one silo per client process) and MPI simulation (a worker trains the
     client FedML assigned it). A mediator's members are data indexes (silos / clients);
     ``plan_round`` gets FedML's ``(receiver id, data index)`` pairs of the round, and the
-    :class:`~fl_adapters.astraea.MediatorRelay` says which receiver trains next. FedML sends
-    the round's model to the first member of each chain only; each member's upload is forwarded
-    to the next member (the server plays the mediator's relay), and a chain's last upload is
-    the mediator's update.
+    :class:`~fl_adapters.astraea.MediatorRelay` says which receiver trains next.
     """
 
     def __init__(self, aggregator: Astraea, train_data: dict[int, Any], num_clients: int) -> None:

@@ -1,11 +1,7 @@
-"""FedML checkpoints and resume, keyed by two YAML fields of an unmodified host.
-
-``checkpoint_dir: DIR`` (any section): the server writes ``DIR/checkpoint.pt`` after every
-round (:mod:`fl_adapters.checkpoint`'s format; in sp also the process's RNG states);
-``resume_from: DIR`` (or the file) continues a run from it. sp replays its loop without
-training the checkpointed rounds and ends bit-identical (:mod:`.patches.sp`); the distributed
-modes restart the server at the checkpoint's round and are not (each process's own RNG).
-How each mode resumes: docs/hosts/fedml.md.
+"""FedML checkpoints and resume, keyed by two YAML fields of an unmodified host:
+``checkpoint_dir: DIR`` (any section; the server writes ``DIR/checkpoint.pt`` after every
+round) and ``resume_from: DIR`` (or the file) to continue from it. How each mode resumes, and
+which end bit-identical: docs/hosts/fedml.md.
 """
 
 from __future__ import annotations
@@ -75,13 +71,9 @@ def resume_path(args: Any) -> Path | None:
 
 def run_fields(args: Any) -> dict[str, Any]:
     """The args the checkpoint keeps, as plain JSON values."""
-    out: dict[str, Any] = {}
-    for key in (*SAME, *MAY_CHANGE):
-        value = getattr(args, key, None)
-        out[key] = (
-            value if isinstance(value, (int, float, str, bool, type(None), dict)) else str(value)
-        )
-    return out
+    plain = (int, float, str, bool, type(None), dict)
+    values = {key: getattr(args, key, None) for key in (*SAME, *MAY_CHANGE)}
+    return {k: v if isinstance(v, plain) else str(v) for k, v in values.items()}
 
 
 def load(args: Any) -> Checkpoint:

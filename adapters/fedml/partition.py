@@ -1,13 +1,9 @@
-"""fedbalance partitioners inside FedML's own dataset loaders.
-
-``data_args: partition_method: mixed`` (or any fedbalance partitioner name, with an optional
-``partition_args:`` mapping) makes ``fedml.data.load(args)`` split with fedbalance wherever
-FedML would use its ``homo`` / ``hetero`` split: the ``partition_data`` functions of FedML's
-CIFAR-10 (both loaders), CIFAR-100 and CINIC-10 modules — which also serve unknown dataset
-names. FedML's own names (``homo``, ``hetero``, ``hetero-fix``) keep their meaning. The
-partition is seeded by ``random_seed``; FedML's loaders then build their loaders from the
-index map as usual. Feature noise (``feature_noise``, ``mixed``) is not applied here: FedML's
-loaders own the transforms, so only the label/quantity part of a spec takes effect (logged).
+"""fedbalance partitioners inside FedML's own dataset loaders (``partition_method:`` any
+fedbalance partitioner name, optional ``partition_args:``; docs/hosts/fedml.md): the
+``partition_data`` of FedML's CIFAR-10 (both loaders), CIFAR-100 and CINIC-10 modules, which
+also serve unknown dataset names, splits with fedbalance, seeded by ``random_seed``. Feature
+noise (``feature_noise``, ``mixed``) is not applied here: FedML's loaders own the transforms,
+so only the label/quantity part of a spec takes effect (logged).
 """
 
 from __future__ import annotations

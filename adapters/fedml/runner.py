@@ -1,17 +1,7 @@
-"""``fedbalance run`` for FedML: writes the host's YAML and launches the bundled FedML example.
-
-The host is ``fedbalance_benchmarks/fedml_example/main.py`` (a FedML script with no fedbalance
-import); fedbalance reaches it only through its YAML's ``aggregator:`` key and the autoload.
-sp runs as one process; MPI simulation under ``mpirun -np clients_per_round + 1``; cross-silo
-under ``mpirun -np worker_num + 1`` with ``worker_num = clients_per_round`` (FedML's rules), or
-with ``backend: grpc`` over FedML's gRPC backend: one process per rank on 127.0.0.1 (``--rank 0
---role server``, ``--rank N --role client``) with a generated ``grpc_ipconfig.csv`` on free
-ports, watched so that one dead rank stops them all.
-Outputs: ``fedml.yaml``, ``fedml.log`` (gRPC: the server's; ``fedml-rank<N>.log`` per silo),
-``aggregations.jsonl`` (the recorder), ``checkpoint.pt`` (the server's, after every round),
-``metrics.jsonl`` (per round: clients, weights, and FedML's logged test accuracy where it logs
-one) and ``summary.json``. ``resume=True`` continues from ``checkpoint.pt`` (the host's
-``resume_from:``); the stopped run's log is kept as ``fedml.log.<N>``.
+"""``fedbalance run`` for FedML: writes the host's YAML and launches the bundled FedML example
+(``fedbalance_benchmarks/fedml_example/main.py``, a FedML script with no fedbalance import) in
+the framework's mode, watched so that one dead process stops them all. The process counts, the
+files it writes and how it resumes: docs/hosts/fedml.md.
 """
 
 from __future__ import annotations
@@ -33,7 +23,8 @@ from fl_adapters.checkpoint import Checkpoint, resume_hint
 from fl_adapters.config import RunConfig, RunFailed
 from fl_adapters.experiment import run_summary
 from fl_adapters.fedml.adapter import HOSTS, check_resume
-from fl_adapters.processes import start_logged, stop, watch
+from fl_adapters.fedml.ipconfig import require_grpcio, write_ipconfig
+from fl_adapters.processes import free_ports, start_logged, stop, watch
 from fl_adapters.rundir import RunFiles
 from fl_aggregators.record import ENV, RUN_ENV
 
@@ -147,8 +138,6 @@ def run_fedml(
     started = time.monotonic()
     grpc = config.backend == "grpc"
     if grpc:
-        from fl_adapters.fedml.ipconfig import require_grpcio
-
         require_grpcio()  # before anything is written or started
     out_dir = out_dir.resolve()
     files = RunFiles(out_dir)
@@ -159,8 +148,6 @@ def run_fedml(
         keep_completed_rounds(config, files)
     out_dir.mkdir(parents=True, exist_ok=True)
     if grpc:
-        from fl_adapters.fedml.ipconfig import free_ports, write_ipconfig
-
         write_ipconfig(ipconfig, free_ports(config.clients_per_round + 1))
     cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     record = files.record if resume else files.start(None)

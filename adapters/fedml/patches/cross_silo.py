@@ -13,6 +13,7 @@ from typing import Any
 from fl_adapters.fedml import secure
 from fl_adapters.fedml.adapter import aggregate, current
 from fl_adapters.fedml.astraea import with_rad
+from fl_adapters.fedml.ipconfig import expect_silos, wait_for_server
 from fl_adapters.fedml.patches import distributed as shared
 
 HOST = "fedml-cross-silo"
@@ -86,8 +87,6 @@ def send_sync(
 
 def client_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
     if str(getattr(self.args, "backend", "")) == "GRPC" and not self.has_sent_online_msg:
-        from fl_adapters.fedml.ipconfig import wait_for_server
-
         wait_for_server(self.args)  # FedML's silo dies if its one status send finds no server
     return original(self, msg_params)
 
@@ -96,20 +95,13 @@ def server_connection_ready(self: Any, original: Any, msg_params: Any) -> Any:
     if not self.is_initialized:
         shared.resume_server(self)  # before FedML picks the first round's silos
     if str(getattr(self.args, "backend", "")) == "GRPC" and not self.is_initialized:
-        from fl_adapters.fedml.ipconfig import expect_silos
-
         expect_silos(self)  # FedML's server would wait forever for a silo never started
     return original(self, msg_params)
 
 
 def aggregate_round(self: Any, original: Any) -> Any:
-    run = current()
-    if run.silo_astraea is not None:  # one update per mediator, not per silo
-        model_list = run.silo_astraea.model_list()
-    else:
-        model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.client_num)]
     # FedML's DP/defence hooks
-    model_list, idxes = self.aggregator.on_before_aggregation(model_list)
+    model_list, idxes = self.aggregator.on_before_aggregation(shared.uploads(self, self.client_num))
     averaged = aggregate(model_list, self.get_global_model_params())
     averaged = self.aggregator.on_after_aggregation(averaged)
     self.set_global_model_params(averaged)

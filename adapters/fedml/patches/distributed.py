@@ -1,10 +1,6 @@
 """What FedML's two distributed modes share (MPI simulation and cross-silo, over MPI or gRPC):
 the client process's training and Astraea data, the server's Astraea relay, its checkpoints
 and resume, and the round number a resumed server's messages carry.
-
-In both modes a client process trains one FedML client a round and a server process aggregates.
-Under Astraea the server plays the mediators: a mediator's model goes from client to client
-through the server (:func:`relay`), and FedML aggregates once every mediator is back.
 """
 
 from __future__ import annotations
@@ -120,6 +116,15 @@ def resume_server(manager: Any) -> None:
     ckpt = checkpoint.resume(manager.args, model, run.aggregator, run.host, astraea)
     manager.aggregator.set_global_model_params(ckpt.model)
     manager.args.round_idx = run.first_round = ckpt.round
+
+
+def uploads(aggregator: Any, count: int) -> list[tuple[Any, Any]]:
+    """The round's ``(sample_num, params)`` for FedML's aggregator: one per mediator under
+    Astraea, else one per client process (``count`` of them)."""
+    run = current()
+    if run.silo_astraea is not None:
+        return run.silo_astraea.model_list()
+    return [(aggregator.sample_num_dict[i], aggregator.model_dict[i]) for i in range(count)]
 
 
 def server_checkpoint(aggregator: Any, params: Any) -> None:

@@ -101,12 +101,7 @@ def send_sync(self: Any, original: Any, receive_id: Any, params: Any, client_ind
 
 
 def aggregate_round(self: Any, original: Any) -> Any:
-    run = current()
-    if run.silo_astraea is not None:  # one update per mediator, not per worker
-        model_list = run.silo_astraea.model_list()
-    else:
-        model_list = [(self.sample_num_dict[i], self.model_dict[i]) for i in range(self.worker_num)]
-    averaged = aggregate(model_list, self.get_global_model_params())
+    averaged = aggregate(shared.uploads(self, self.worker_num), self.get_global_model_params())
     self.set_global_model_params(averaged)
     shared.server_checkpoint(self, averaged)
     return averaged
