@@ -3,20 +3,11 @@
 Duan et al., "Self-Balancing Federated Learning With Global Imbalanced Data in Mobile Systems",
 IEEE TPDS 32(1):59-71, 2021. The host-free pieces are :mod:`fl_adapters.astraea`'s
 (:class:`~fl_adapters.astraea.AstraeaPlanner`, :func:`~fl_adapters.astraea.rebalance_client`,
-:class:`~fl_adapters.astraea.MediatorRelay`); this module moves them over Flower messages:
-
-1. Once, before round 1, the strategy sends every node a ``query`` message asking for its
-   client id and training-label counts (:func:`astraea_query_reply` answers), plans the
-   rebalancing from them, and sends each node its ``rad`` in a second ``query``; the node
-   keeps it in its ``Context.state`` and rebalances its training data with it from then on
-   (:func:`astraea_train_reply`, seeded by ``(seed, client)`` as on FedLab and FedML).
-2. Each round, the sampled clients are grouped into mediators; every mediator is a chain of
-   ``train`` messages to its member nodes in the planned order, each starting from the
-   previous member's model (the Grid sends one message per mediator at a time, all mediators
-   side by side). A member that fails ends its mediator for the round, with a warning.
-3. The mediators' models are averaged with weights ``n_m / n`` by the ``astraea`` aggregator
-   (``n_m`` bounded by what the members' reported data can hold), and the record carries the
-   round's mediators, their KL to uniform and the traffic, as on the other hosts.
+:class:`~fl_adapters.astraea.MediatorRelay`); this module moves them over Flower messages as
+docs/astraea.md tells: ``query`` messages for the label counts and the ``rad`` before round 1
+(:func:`astraea_query_reply`, :func:`astraea_train_reply`), then each mediator a chain of
+``train`` messages, all mediators side by side. A member that fails ends its mediator for the
+round, with a warning; ``n_m`` is bounded by what the members' reported data can hold.
 """
 
 from __future__ import annotations
@@ -77,7 +68,8 @@ class AstraeaStrategy(FedBalanceStrategy):
         self.astraea: Astraea = self.aggregator
         self.planner: AstraeaPlanner | None = None
         self.round_mediators: list[list[int]] = []
-        self._finished: dict[int, tuple[ArrayRecord, int]] = {}
+        #: This round's chains (a finished mediator's model in ``params``, ``n_m`` in ``samples``).
+        self.relay = MediatorRelay([], 1)
         #: Seconds to wait for one wave of mediator hops.
         self.hop_timeout = 3600.0
         #: The plan of the checkpoint a resumed run started from (the new plan must equal it).
@@ -154,9 +146,8 @@ class AstraeaStrategy(FedBalanceStrategy):
         node_of = {client: node for node, client in self.client_ids.items()}
         self.round_mediators = self.planner.mediators([self.client_ids[n] for n in nodes])
         log.info("astraea round %s: mediators %s", server_round, self.round_mediators)
-        relay = MediatorRelay(self.round_mediators, self.astraea.mediator_epochs)
+        self.relay = relay = MediatorRelay(self.round_mediators, self.astraea.mediator_epochs)
         models = {m: arrays for m in range(len(self.round_mediators))}
-        self._finished = {}
         wave = relay.start()
         while wave:
             messages = []
@@ -192,9 +183,7 @@ class AstraeaStrategy(FedBalanceStrategy):
                     continue
                 models[hop.mediator] = record
                 following = relay.received(hop.mediator, record, n)
-                if following is None:
-                    self._finished[hop.mediator] = (record, relay.samples[hop.mediator])
-                else:
+                if following is not None:
                     next_wave.append(following)
             wave = next_wave
         return []
@@ -205,15 +194,16 @@ class AstraeaStrategy(FedBalanceStrategy):
         """Average the mediators' models with weights ``n_m / n`` (the ``astraea`` aggregator)."""
         if self.global_params is None or self.planner is None:
             raise RuntimeError("aggregate_train before configure_train: no global model")
+        relay, done = self.relay, sorted(self.relay.params)
         updates = [
             ClientUpdate(
-                params=to_state_dict(record),
-                num_samples=self.planner.bound_samples(self.round_mediators[m], n),
+                params=to_state_dict(relay.params[m]),
+                num_samples=self.planner.bound_samples(self.round_mediators[m], relay.samples[m]),
                 client_id=m,
             )
-            for m, (record, n) in sorted(self._finished.items())
+            for m in done
         ]
-        finished = [self.round_mediators[m] for m in sorted(self._finished)]
+        finished = [self.round_mediators[m] for m in done]
         param_bytes = sum(t.numel() * t.element_size() for t in self.global_params.values())
         self.planner.annotate(self.astraea, finished, param_bytes)
         result: AggregationResult = self.astraea.aggregate(

@@ -2,15 +2,10 @@
 
 Flower run-config values are scalars (str, int, float, bool) and TOML has no null, while
 fedbalance aggregators take ``None`` for "unbounded" (``peer_clip=None`` is the thesis's
-FedLoss). So an aggregator's arguments travel as one JSON object in a string::
-
-    [tool.flwr.app.config]
-    aggregator = "fedloss"
-    aggregator-args = '{"loss_clip": 5.0, "peer_clip": null}'
-    seed = 0
-
-and can be overridden like any run-config key. Every error names the key, what is allowed and
-what was given; unknown aggregators and arguments are reported by the plugin registry.
+FedLoss). So an aggregator's arguments travel as one JSON object in a string,
+``aggregator-args = '{"loss_clip": 5.0, "peer_clip": null}'`` (docs/hosts/flower.md), and can
+be overridden like any run-config key. Every error names the key, what is allowed and what was
+given; unknown aggregators and arguments are reported by the plugin registry.
 """
 
 from __future__ import annotations

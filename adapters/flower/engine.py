@@ -1,19 +1,12 @@
 """Flower's simulation engine without per-node polling, so idle virtual nodes cost nothing.
 
-Flower 1.41's simulation engine hands messages to its workers from one thread
+Flower 1.41's engine hands messages to its workers from one thread
 (``flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue``) that, every 0.1 s, asks
 the link state for one pending message *per virtual node*: at 10^4 nodes that is 10^4 lock
-acquisitions and scans of the stored messages per pass, whether or not a node has a message,
-in a thread that competes with the round for the GIL. Every round slows with the nodes that
-sit out, for Flower's own ``FedAvg`` as much as for fedbalance's strategy (the scale report's
-``flower-stock-polling`` rows, ``fedbalance bench scale``).
-
-:func:`index_message_polling` swaps in a loop with the same contract -- each pass queues at
-most one undelivered message per registered node, the first stored, in the nodes' registration
-order, marked delivered, after the link state's own expiry check -- that scans the stored
-messages once per pass instead of once per node: its cost follows the messages in flight, not
-the nodes. It runs only where it reads the link state it was written against (Flower's
-``InMemoryLinkState``, the simulation's); any other state gets Flower's loop unchanged.
+acquisitions and scans of the stored messages per pass, in a thread that competes with the
+round for the GIL. :func:`index_message_polling` swaps in a loop with the same contract
+(:func:`pending_messages`) that scans the stored messages once per pass, where it reads the
+link state it was written against (Flower's ``InMemoryLinkState``); docs/hosts/flower.md.
 """
 
 from __future__ import annotations

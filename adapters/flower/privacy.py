@@ -1,25 +1,15 @@
-"""fedbalance's strategy inside Flower's differential-privacy wrappers.
+"""fedbalance's strategy inside Flower 1.41's central-DP wrappers
+(``DifferentialPrivacy{Server,Client}Side{Fixed,Adaptive}Clipping``).
 
-Flower 1.41's central-DP wrappers (``DifferentialPrivacy{Server,Client}Side{Fixed,Adaptive}
-Clipping``) clip each client's update to norm ``C`` and add Gaussian noise of standard deviation
-``z C / n`` to the aggregate, ``n`` the clients sampled a round. That noise is calibrated to a
-*uniform* mean: one client moves ``sum_i w_i x_i`` by at most ``w_i C``, which is ``C / n`` only
-when every ``w_i = 1 / n``. Under any other weights -- sample counts (Flower's own ``FedAvg``
-too), validation losses (FedLoss) -- the noise protects the heaviest client of a round as a
-noise multiplier of
+Their noise ``z C / n`` is calibrated to a *uniform* mean; under other weights the heaviest
+client of a round is protected as by a noise multiplier of
 
     z_eff = z / (n * server_lr * max_i w_i)
 
-would (``server_lr`` is FedAvgM's; 1 otherwise), which is below ``z`` whenever the weights are
-not uniform. Every round's train metrics carry ``fedbalance-dp-z-effective``; the first round in
-which it falls below ``z`` logs a warning. The wrappers' privacy *accountant* promises an
-epsilon for uniform FedAvg only, and Flower refuses it for any other ``aggregate_train`` (ours
-included) when the wrapper is built.
-
-What would void the noise is refused before the first round (:func:`privacy_refusal`, and
-``resume_from``). Metrics, FedLoss's validation losses included, travel in clear: the wrappers
-protect the model updates only. The app's run config picks a server-side wrapper
-(:func:`wrap_from_run_config`; docs/hosts/beside.md).
+(``server_lr`` is FedAvgM's; 1 otherwise), which every round's train metrics carry as
+``fedbalance-dp-z-effective``. What would void the noise is refused before the first round
+(:func:`privacy_refusal`, and ``resume_from``). Why, and the app's run-config keys
+(:func:`wrap_from_run_config`): docs/hosts/beside.md, "Differential privacy on Flower".
 """
 
 from __future__ import annotations
@@ -47,15 +37,11 @@ DP_WRAPPERS = (DifferentialPrivacyFixedClippingBase, DifferentialPrivacyAdaptive
 Z_EFFECTIVE = "fedbalance-dp-z-effective"
 
 
-def is_dp_wrapper(strategy: Any) -> bool:
-    return isinstance(strategy, DP_WRAPPERS)
-
-
 def privacy_refusal(aggregator: Aggregator) -> str | None:
     """Why ``aggregator`` inside a DP wrapper would make the wrapper's noise meaningless."""
-    if getattr(aggregator, "mediated", False) and (
-        getattr(aggregator, "mediators", True) or getattr(aggregator, "augment", True)
-    ):
+    from fl_adapters.flower.strategy import needs_mediators  # which imports this module
+
+    if needs_mediators(aggregator):
         return (
             "Astraea's mediators train client chains, so the wrapper would clip a mediator's "
             "model, not one client's update"

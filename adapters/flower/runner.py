@@ -1,9 +1,7 @@
 """``fedbalance run`` on Flower, and a Flower app in the deployment engine on this machine.
 
 :func:`run_flower` runs the bundled Flower app (``benchmarks/flower_app``) from a fedbalance
-:class:`~fl_adapters.config.RunConfig`: ``framework: flower`` in Flower's simulation engine,
-``framework: flower-deployment`` in a local deployment, each client one node holding its
-partition. It writes ``metrics.jsonl`` and ``summary.json`` as the other hosts do.
+:class:`~fl_adapters.config.RunConfig`, each client one node holding its partition (docs/run.md).
 
 :func:`run_deployment` starts ``flower-superlink`` and one ``flower-supernode`` per partition on
 127.0.0.1 (free ports, no TLS), submits the app with ``flwr run APP local-deployment --stream``
@@ -149,8 +147,7 @@ def run_deployment(
         procs.append((name, start_logged(argv, dep.logs[name], env=environ, cwd=work)))
         return procs[-1][1]
 
-    started = time.monotonic()
-    deadline = started + timeout
+    deadline = time.monotonic() + timeout
     try:
         link = start(
             "superlink",
@@ -291,10 +288,7 @@ def run_flower(
         except DeploymentFailed as e:
             raise RunFailed(f"Flower deployment: {e}{resume_hint(out_dir)}") from e
     elif config.framework == "flower":
-        try:
-            _simulate(config.num_clients, overrides, out_dir, env, timeout)
-        except RunFailed as e:
-            raise RunFailed(f"{e}{resume_hint(out_dir)}") from e
+        _simulate(config.num_clients, overrides, out_dir, env, timeout)
     else:
         raise ConfigError(f"framework must be flower or flower-deployment, got {config.framework}")
     return collect(config, files, elapsed_s=time.monotonic() - started)
@@ -309,7 +303,7 @@ def _simulate(
     proc = start_logged(argv, log_path, env={**os.environ, **env})  # Ray's processes in its group
     failed = watch([("the Flower simulation", proc)], timeout)  # stops Ray's too
     if failed is not None:
-        raise RunFailed(f"{failed} (log: {log_path})")
+        raise RunFailed(f"{failed} (log: {log_path}){resume_hint(out_dir)}")
 
 
 def collect(config: RunConfig, files: RunFiles, elapsed_s: float | None = None) -> dict[str, Any]:

@@ -1,24 +1,14 @@
 """A Flower message-API strategy that aggregates with any fedbalance aggregator.
 
-Flower 1.41's ``FedAvg(weighted_by_key="val_loss")`` is the thesis's unbounded FedLoss and
-nothing more. :class:`FedBalanceStrategy` keeps Flower's ``FedAvg`` for everything but the
-math -- messages, evaluation rounds, the ``start`` loop -- and hands each round's train
-replies to a fedbalance aggregator, so FedLoss, FedLoss-n, FedAvgM, FedMedian (and third-party
-plugins) weigh, reject and record exactly as they do on FedLab and FedML, with
-``host: flower`` in the aggregation record.
-
-Where it departs from Flower's ``FedAvg``, for reproducibility and robustness:
-
-* Node sampling is seeded, over the nodes ordered by client id (:mod:`.sampling`): the same
-  seed samples the same clients as FedLab standalone. Updates are summed in client order and
-  evaluation replies in an order of their content, so a run gives the same model and metrics
-  bit for bit.
-* A run can checkpoint after every round and resume (:mod:`fl_adapters.flower.checkpoint`).
-* A reply that is malformed (no ArrayRecord, keys or shapes of another model, missing or
-  non-finite ``val_loss``, a bad ``num-examples``) is rejected by the aggregator, with a
-  warning and a record entry, and the round goes on with the others; Flower's ``FedAvg``
-  raises ``InconsistentMessageReplies`` for the whole round instead. A round with no
-  acceptable reply keeps the global model.
+:class:`FedBalanceStrategy` keeps Flower's ``FedAvg`` for everything but the math and hands
+each round's train replies to a fedbalance aggregator, which weighs, rejects and records them
+as on FedLab and FedML. Where it departs from ``FedAvg``, and why (docs/hosts/flower.md):
+nodes are sampled with a seeded RNG over the nodes ordered by client id (:mod:`.sampling`);
+updates are summed in client order and evaluation replies in an order of their content, so a
+run is reproducible bit for bit; a run checkpoints and resumes
+(:mod:`fl_adapters.flower.checkpoint`); and a malformed reply is rejected by the aggregator
+(a warning and a record entry) where ``FedAvg`` fails the round (a round with no acceptable
+reply keeps the global model).
 
 Astraea with mediators or rebalancing runs in the subclass
 :class:`~fl_adapters.flower.astraea.AstraeaStrategy`; :func:`strategy_from_run_config` picks.
@@ -246,7 +236,7 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
                 "no checkpoint and would run every round again from the initial model; resume "
                 "without the wrapper, or start afresh"
             )
-        if privacy.is_dp_wrapper(wrapper):
+        if isinstance(wrapper, privacy.DP_WRAPPERS):
             reason = privacy.privacy_refusal(self.aggregator)
             if reason is not None:
                 raise ConfigError(
@@ -318,7 +308,7 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
     def privacy_metrics(self, server_round: int, result: AggregationResult) -> dict[str, float]:
         """Under a DP wrapper: the round's effective noise multiplier (a warning the first
         time it is below the wrapper's)."""
-        if self.wrapper is None or not privacy.is_dp_wrapper(self.wrapper) or result.skipped:
+        if not isinstance(self.wrapper, privacy.DP_WRAPPERS) or result.skipped:
             return {}
         z = float(self.wrapper.noise_multiplier)
         z_eff = privacy.effective_noise_multiplier(self.wrapper, self.aggregator, result.weights)
