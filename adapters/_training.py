@@ -11,7 +11,7 @@ import hashlib
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from fl_partitions.params import ParameterError
 
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 
 #: Names a file that receives one ``start end client`` line (``time.time()`` seconds, so the
 #: processes of one machine agree) for every local training a client of the run does: the
@@ -69,14 +69,6 @@ def evaluated_clients(num_clients: int, fraction: float, seed: int, round_number
     return sorted(rng.sample(range(num_clients), size))
 
 
-def make_optimizer(name: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    raise ParameterError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
-
-
 def batches(
     dataset: Dataset[Any],
     batch_size: int,
@@ -123,8 +115,10 @@ def local_train(
     n = len(dataset)  # type: ignore[arg-type]
     if n == 0:
         return 0
+    if optimizer not in OPTIMIZERS:
+        raise ParameterError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     gen = torch.Generator().manual_seed(seed)
-    opt = make_optimizer(optimizer, model.parameters(), lr)
+    opt = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
     criterion = nn.CrossEntropyLoss()
     device = device_of(model)
     model.train()

@@ -134,14 +134,10 @@ def _tell_once(host: str, reason: str) -> None:
         pass
 
 
-def fedlab_requested() -> bool:
-    return bool(os.environ.get(FEDLAB_AGGREGATOR_ENV, "").strip())
-
-
 def arm_host(host: str, module: ModuleType) -> None:
     """Arm ``host``'s adapter; any failure leaves the host stock (see the module docstring)."""
     reason = unsupported(host, host_version(host, module))
-    if host == "fedlab" and not fedlab_requested():
+    if host == "fedlab" and not os.environ.get(FEDLAB_AGGREGATOR_ENV, "").strip():
         if reason is not None:  # nothing to arm; say once that nothing would be
             _tell_once(host, reason)
         return

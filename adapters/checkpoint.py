@@ -270,11 +270,10 @@ def sampler_state(rng: Any) -> list[int] | None:
 
 
 def restore_sampler(rng: Any, state: list[int] | None) -> None:
-    if rng is None or state is None:
-        if (rng is None) != (state is None):
-            raise CheckpointError("the checkpoint's client sampler does not match this run's")
-        return
-    rng.setstate((state[0], tuple(state[1:]), None))
+    if (rng is None) != (state is None):
+        raise CheckpointError("the checkpoint's client sampler does not match this run's")
+    if rng is not None and state is not None:
+        rng.setstate((state[0], tuple(state[1:]), None))
 
 
 def resume_hint(out_dir: Path) -> str:

@@ -15,18 +15,16 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
 from fl_adapters.autoload import HostNotSupported
+from fl_adapters.config import RunConfig, RunFailed
+from fl_adapters.hosts import RunOptions
 from fl_adapters.inputs import InputError, load_json, load_yaml
 from fl_adapters.registry import build_aggregator, get_registry
+from fl_adapters.rundir import claim
 from fl_partitions.params import FedbalanceError
-
-if TYPE_CHECKING:
-    from fl_adapters.config import RunConfig
-
-log = logging.getLogger("fedbalance")
 
 #: What the CLI reports as one line and exit 2: fedbalance's errors about its input, an
 #: unsupported host release (``HostNotSupported`` lives in the import-time autoload, which stays
@@ -156,8 +154,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def load_config(path: str) -> RunConfig:
     """The run config at ``path``; stops before anything runs when fedbalance cannot serve the
     installed host release."""
-    from fl_adapters.config import RunConfig
-
     config = RunConfig.load(path)
     get_registry().host_for(config.framework).require()
     return config
@@ -171,8 +167,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps({"config": "ok", **check(config)}))
         return 0
     from fl_adapters._training import TRAIN_CLOCK
-    from fl_adapters.hosts import RunOptions
-    from fl_adapters.rundir import claim
     from fl_aggregators.record import check_target
 
     check_target()  # FEDBALANCE_RECORD: a place that can hold the record, before any training
@@ -197,7 +191,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_fedlab_server(args: argparse.Namespace) -> int:
     from fl_adapters.fedlab.runner import run_server
-    from fl_adapters.rundir import claim
 
     config = load_config(args.config)
     with claim(Path(args.out), resume=args.resume, overwrite=args.overwrite):
@@ -226,7 +219,6 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
     from fl_aggregators.astraea_plan import check_counts
 
     if args.config is not None:
-        from fl_adapters.config import RunConfig
         from fl_adapters.experiment import is_mediated, plan_of_run
 
         config = RunConfig.load(args.config)
@@ -468,8 +460,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from fl_adapters.config import RunFailed
-
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name in "fedbalance fl_adapters fl_aggregators fl_partitions fedbalance_benchmarks".split():

@@ -75,10 +75,9 @@ def check_eval_keys(
         )
 
 
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-    return str(value)
 
 
 @dataclass
@@ -139,7 +138,6 @@ class RunConfig:
                 "reports FedML's own test metrics"
             )
         if self.framework.startswith("flower") and self.eval_data != "clients":
-            # Flower's strategy loop evaluates on the clients' test splits.
             raise ConfigError(
                 f"eval_data must be clients for {self.framework} (Flower evaluates on the "
                 f"clients' test splits); got {self.eval_data!r}"

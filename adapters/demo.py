@@ -23,9 +23,9 @@ def run_demo(
     out_dir: Path, clients: int = 30, seed: int = 0, data_dir: str | None = None, train: bool = True
 ) -> int:
     """Partition table and plots, then (``train``) the quick thesis benchmark on FedLab."""
-    code = partition_demo(out_dir, clients, seed, data_dir)
-    if code or not train:
-        return code
+    partition_demo(out_dir, clients, seed, data_dir)
+    if not train:
+        return 0
     try:
         import fedlab  # noqa: F401
     except ImportError:
@@ -41,8 +41,10 @@ def run_demo(
 
 def partition_demo(
     out_dir: Path, clients: int = 30, seed: int = 0, data_dir: str | None = None
-) -> int:
+) -> None:
     from fedbalance_benchmarks.datasets import dataset_targets, fmnist_available, load_dataset
+    from fedbalance_benchmarks.thesis import SCENARIOS
+    from fl_partitions.plots import plot_class_bars, plot_heatmap  # matplotlib on first use
 
     dataset = "fmnist" if fmnist_available(data_dir) else "digits"
     if dataset == "digits":
@@ -55,18 +57,12 @@ def partition_demo(
     out_dir.mkdir(parents=True, exist_ok=True)
     registry = get_registry()
     rows, summary = [], {}
-    from fedbalance_benchmarks.thesis import SCENARIOS
-
     for scenario, spec in SCENARIOS.items():
         start = time.perf_counter()
         partition = registry.make_partitioner(spec).partition(labels, clients, seed=seed)
         elapsed = time.perf_counter() - start
         rows.append(partition_row(scenario, partition, elapsed))
         summary[scenario] = {"spec": partition.spec, "stats": partition.stats()}
-        try:
-            from fl_partitions.plots import plot_class_bars, plot_heatmap
-        except ImportError:  # pragma: no cover
-            continue
         plot_class_bars(partition, out_dir / f"{scenario}_bars.png", title=f"{dataset}: {scenario}")
         plot_heatmap(partition, out_dir / f"{scenario}_heatmap.png", title=f"{dataset}: {scenario}")
         if partition.noise_std.any():
@@ -83,7 +79,6 @@ def partition_demo(
         )
     )
     print(f"\nwrote tables and plots to {out_dir}/")
-    return 0
 
 
 def noise_grid(partition: Any, train: Any, path: Path) -> Path:

@@ -1,7 +1,6 @@
-"""A host is one spec (:class:`HostSpec`): its name, the ``framework`` values it serves, the
-releases it supports, how ``fedbalance run`` runs and resumes it, how it is armed inside a stock
-deployment and which of its config keys a resumed run may change. A host registers through the ``fedbalance_hosts`` hook, the three
-built-in ones directly (:data:`BUILTIN_HOSTS`): ``docs/architecture.md``, "Hosts as specs".
+"""A host is one spec (:class:`HostSpec`, its fields below), registered through the
+``fedbalance_hosts`` hook, the three built-in ones directly (:data:`BUILTIN_HOSTS`):
+``docs/architecture.md``, "Hosts as specs".
 
 This module imports no host and nothing heavy: the autoload reads it at interpreter start. The
 built-in specs live here rather than in their subpackages because importing

@@ -98,7 +98,7 @@ def load_yaml(
     try:
         value = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
-        raise InputError(f"{where}: not valid YAML ({_first_line(e)})") from None
+        raise InputError(f"{where}: not valid YAML ({' '.join(str(e).split())[:300]})") from None
     except RecursionError:
         raise InputError(f"{where}: nested too deeply to read") from None
     return check_tree(value, where, max_nodes=max_nodes)
@@ -127,7 +127,3 @@ def load_json(
     except RecursionError:
         raise InputError(f"{where}: nested too deeply to read") from None
     return check_tree(value, where, max_nodes=max_nodes)
-
-
-def _first_line(error: Exception) -> str:
-    return " ".join(str(error).split())[:300]

@@ -8,6 +8,7 @@ words the error (what was lost, how to go on), since only it knows its host's pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -45,13 +46,11 @@ def stop(proc: subprocess.Popen[bytes]) -> list[int]:
     if proc.poll() is not None:
         return []
     helpers = descendants(proc.pid)  # listed first: once it dies they belong to init
-    try:
+    with contextlib.suppress(ProcessLookupError):
         if os.getpgid(proc.pid) == proc.pid:  # started with start_new_session=True
             os.killpg(proc.pid, signal.SIGKILL)
         else:
             proc.kill()
-    except ProcessLookupError:
-        pass
     proc.wait()
     kill_all(helpers)
     return helpers
@@ -114,16 +113,6 @@ EPHEMERAL_RANGE = (32768, 60999)
 LOWEST_PORT = 10000
 
 
-def ephemeral_range() -> tuple[int, int]:
-    """The kernel's range for the local ports of outgoing connections (Linux ``/proc``)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
-            low, high = (int(v) for v in fh.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return EPHEMERAL_RANGE
-
-
 def free_ports(n: int, ip: str = "127.0.0.1") -> list[int]:
     """``n`` distinct ports free on ``ip`` right now, below the kernel's ephemeral range.
 
@@ -135,7 +124,11 @@ def free_ports(n: int, ip: str = "127.0.0.1") -> list[int]:
     clock (no result depends on a port), so runs started together look in different places;
     each port is held bound until all ``n`` are found, so they differ.
     """
-    low, _ = ephemeral_range()
+    try:  # the kernel's range for the local ports of outgoing connections
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            low, _ = (int(v) for v in fh.read().split())
+    except (OSError, ValueError):
+        low, _ = EPHEMERAL_RANGE
     span = low - LOWEST_PORT
     if span < 4 * n:  # a machine whose ephemeral range starts low: the kernel's choice
         return _kernel_ports(n, ip)
@@ -193,10 +186,8 @@ def descendants(pid: int) -> list[int]:
 def kill_all(pids: list[int]) -> None:
     """SIGKILL each of ``pids`` that is still alive (the ones already gone are skipped)."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def matching(marks: list[str]) -> list[int]:

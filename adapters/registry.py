@@ -108,11 +108,6 @@ def _where(plugin: Any) -> str:
     return f"{type(plugin).__name__} {getattr(plugin, 'name', '?')!r}"
 
 
-def _hook_hint(name: str) -> str:
-    close = difflib.get_close_matches(name, HOOKS, n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}? " if close else ""
-
-
 class Registry:
     """Loads every plugin once and answers lookups by name."""
 
@@ -164,10 +159,12 @@ class Registry:
                 if not caller.has_spec()
                 and any(i.plugin is e.plugin for i in caller.get_hookimpls())
             ]
+            close = difflib.get_close_matches(unknown[0], HOOKS, n=1) if unknown else []
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise PluginError(
                 f"fedbalance plugin {name!r} from {self._sources.get(name, '?')} implements "
                 f"{', '.join(map(repr, unknown))}, which is not a fedbalance hook; "
-                f"{_hook_hint(unknown[0]) if unknown else ''}the hooks are {', '.join(HOOKS)}"
+                f"{hint}the hooks are {', '.join(HOOKS)}"
             ) from e
 
     def _collect(self, kind: str) -> None:

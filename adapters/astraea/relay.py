@@ -135,7 +135,7 @@ def run_mediator(
     times (a :class:`MediatorRelay` whose every hop is one client)."""
     relay = MediatorRelay([members], mediator_epochs)
     params: P = start
-    hop: Hop | None = relay.start()[0] if members else None
+    hop: Hop | None = relay.start()[0]  # the relay refuses a mediator without members
     while hop is not None:
         (client,) = hop.clients
         params, n = train_one(client, params)
