@@ -271,13 +271,9 @@ class RebalancedData:
 class TensorData(torch.utils.data.TensorDataset):
     """A ``TensorDataset`` with the vectorised ``get_batch`` the training helpers use."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        super().__init__(x, y)
-        self.x, self.y = x, y
-
     def get_batch(self, positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.as_tensor(np.asarray(positions, dtype=np.int64))
-        return self.x[pos], self.y[pos]
+        return self.tensors[0][pos], self.tensors[1][pos]
 
 
 class AstraeaSerialTrainer(FedBalanceSerialTrainer):
@@ -322,9 +318,7 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
 
             def train_one(client: int, w: torch.Tensor, m: int = m) -> tuple[torch.Tensor, int]:
                 self.trace.append((self.rounds, m, client))
-                package = self.train(client, w, self.rebalanced)
-                if self.uplink_hook is not None:  # what this member would report
-                    package = self.uplink_hook(client, w, package)
+                package = self.train(client, w, self.rebalanced)  # what this member reports
                 return package[0], int(package[1][1])
 
             result = run_mediator(members, params, train_one, self.mediator_epochs)
@@ -340,9 +334,7 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
         n = 0
         for client in ids:
             self.trace.append((-1, mediator, client))
-            package = self.train(client, params, self.rebalanced)
-            if self.uplink_hook is not None:  # what this member would report, as standalone
-                package = self.uplink_hook(client, params, package)
+            package = self.train(client, params, self.rebalanced)  # as standalone
             params, n = package[0], n + int(package[1][1])
         self.cache.append(encode(params, mediator, n, None))
 

@@ -10,7 +10,6 @@ launcher is :mod:`fl_adapters.fedlab.launch`.
 from __future__ import annotations
 
 import copy
-import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -297,20 +296,15 @@ def run_standalone(
     exp = build(config)
     writer = MetricsWriter(exp, out_dir, progress, resume_from=ckpt)
     handler = make_handler(exp, on_round=writer)
+    model = copy.deepcopy(exp.model)
     trainer: FedBalanceSerialTrainer
     if isinstance(handler, AstraeaServerHandler):
         trainer = AstraeaSerialTrainer(
-            copy.deepcopy(exp.model),
-            exp.data,
-            exp.local,
-            handler.astraea.mediator_epochs,
-            uplink_hook=uplink_hook,
+            model, exp.data, exp.local, handler.astraea.mediator_epochs, uplink_hook=uplink_hook
         )
         writer.astraea = handler.planner
     else:
-        trainer = FedBalanceSerialTrainer(
-            copy.deepcopy(exp.model), exp.data, exp.local, uplink_hook=uplink_hook
-        )
+        trainer = FedBalanceSerialTrainer(model, exp.data, exp.local, uplink_hook=uplink_hook)
     writer.trainer = trainer
     if ckpt is not None:
         restore(handler, ckpt)
@@ -325,9 +319,7 @@ def run_standalone(
 # -- cross-process ----------------------------------------------------------------------------
 def client_slices(num_clients: int, processes: int) -> list[list[int]]:
     """Contiguous client-id ranges, one per client process (FedLab's Coordinator maps them so)."""
-    base, extra = divmod(num_clients, processes)
-    bounds = [p * base + min(p, extra) for p in range(processes + 1)]
-    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+    return [ids.tolist() for ids in np.array_split(np.arange(num_clients), processes)]
 
 
 def run_server(
@@ -349,12 +341,9 @@ def run_server(
     sent = {"down": 0, "up": 0}
 
     def on_round(handler: FedBalanceServerHandler, result: AggregationResult) -> None:
-        down, up = (
-            network.send_volume_intotal - sent["down"],
-            network.recv_volume_intotal - sent["up"],
-        )
-        sent["down"], sent["up"] = network.send_volume_intotal, network.recv_volume_intotal
-        writer(handler, result, bytes_up=up, bytes_down=down)
+        down, up = network.send_volume_intotal, network.recv_volume_intotal
+        writer(handler, result, bytes_up=up - sent["up"], bytes_down=down - sent["down"])
+        sent.update(down=down, up=up)
 
     handler = make_handler(exp, on_round=on_round)
     if ckpt is not None:
@@ -407,10 +396,8 @@ def run_client(
     trainer: FedBalanceSerialTrainer
     manager_cls: Any = PassiveClientManager
     if is_mediated(config.aggregator):
-        agg = build_aggregator(config.aggregator, config.aggregator_args)
-        trainer = AstraeaSerialTrainer(
-            exp.model, exp.data, exp.local, agg.mediator_epochs, client_ids=ids
-        )
+        epochs = build_aggregator(config.aggregator, config.aggregator_args).mediator_epochs
+        trainer = AstraeaSerialTrainer(exp.model, exp.data, exp.local, epochs, client_ids=ids)
         labels = client_labels(exp.data)
         counts = np.stack([label_counts(labels[c], exp.num_classes) for c in ids])
 

@@ -104,12 +104,12 @@ class FedBalanceSerialTrainer(SerialClientTrainer):
         self.dataset = dataset
 
     def train(self, client: int, params: torch.Tensor, data: Any) -> list[torch.Tensor]:
-        """Client ``client``'s next local training from ``params`` on ``data``: its package."""
+        """Client ``client``'s next local training on ``data``: its package, after ``uplink_hook``."""
         k = self.participations.get(client, 0)
         self.participations[client] = k + 1
         package = train_client(self._model, params, data, client, k, self.cfg)
         self.sample_passes += int(package[1][1]) * self.cfg.epochs
-        return package
+        return package if self.uplink_hook is None else self.uplink_hook(client, params, package)
 
     def setup_optim(self, *args: Any) -> None:  # FedLab API; the optimizer is per client
         pass
@@ -121,11 +121,7 @@ class FedBalanceSerialTrainer(SerialClientTrainer):
 
     def local_process(self, payload: list[torch.Tensor], id_list: list[int]) -> None:
         for local_id in id_list:
-            client = self.client_ids[int(local_id)]
-            package = self.train(client, payload[0], self.dataset)
-            if self.uplink_hook is not None:
-                package = self.uplink_hook(client, payload[0], package)
-            self.cache.append(package)
+            self.cache.append(self.train(self.client_ids[int(local_id)], payload[0], self.dataset))
 
 
 class FedBalanceClientTrainer(ClientTrainer):

@@ -26,12 +26,11 @@ MAY_CHANGE = FLOWER.may_change
 def identity(values: Mapping[str, Any]) -> dict[str, Any]:
     """What a checkpoint records of a run (and a resumed run must share): ``values`` but the
     keys that may change, as JSON scalars."""
-    out: dict[str, Any] = {"host": HOST}
-    for key, value in sorted(values.items()):
-        if key in MAY_CHANGE:
-            continue
-        out[key] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-    return out
+    return {"host": HOST} | {
+        k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+        for k, v in sorted(values.items())
+        if k not in MAY_CHANGE
+    }
 
 
 def load(

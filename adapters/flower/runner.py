@@ -288,22 +288,16 @@ def run_flower(
         except DeploymentFailed as e:
             raise RunFailed(f"Flower deployment: {e}{resume_hint(out_dir)}") from e
     elif config.framework == "flower":
-        _simulate(config.num_clients, overrides, out_dir, env, timeout)
+        argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
+        argv += ["--num-supernodes", str(config.num_clients), "--run-config", overrides]
+        log_path = out_dir / "flower-simulation.log"
+        proc = start_logged(argv, log_path, env={**os.environ, **env})  # Ray's in its group
+        failed = watch([("the Flower simulation", proc)], timeout)  # stops Ray's too
+        if failed is not None:
+            raise RunFailed(f"{failed} (log: {log_path}){resume_hint(out_dir)}")
     else:
         raise ConfigError(f"framework must be flower or flower-deployment, got {config.framework}")
     return collect(config, files, elapsed_s=time.monotonic() - started)
-
-
-def _simulate(
-    nodes: int, overrides: str, out_dir: Path, env: Mapping[str, str], timeout: float
-) -> None:
-    argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
-    argv += ["--num-supernodes", str(nodes), "--run-config", overrides]
-    log_path = out_dir / "flower-simulation.log"
-    proc = start_logged(argv, log_path, env={**os.environ, **env})  # Ray's processes in its group
-    failed = watch([("the Flower simulation", proc)], timeout)  # stops Ray's too
-    if failed is not None:
-        raise RunFailed(f"{failed} (log: {log_path}){resume_hint(out_dir)}")
 
 
 def collect(config: RunConfig, files: RunFiles, elapsed_s: float | None = None) -> dict[str, Any]:
