@@ -83,9 +83,8 @@ class Patches:
 PATCHES = {host: Patches() for host in HOOKS}
 
 
-def host_version(host: str, module: ModuleType | None = None) -> str | None:
+def host_version(host: str, module: ModuleType) -> str | None:
     """The imported host's ``__version__`` (the distribution's metadata as a fallback)."""
-    module = module if module is not None else sys.modules.get(host)
     version = getattr(module, "__version__", None)
     if isinstance(version, str):
         return version
@@ -107,18 +106,16 @@ def unsupported(host: str, version: str | None) -> str | None:
     )
 
 
-def advice() -> str:
-    return (
-        f"{FORCE_ENV}=1 arms it anyway (at your risk), {DISABLE_ENV}=1 turns fedbalance's "
-        f"autoload off"
-    )
+ADVICE = (
+    f"{FORCE_ENV}=1 arms it anyway (at your risk), {DISABLE_ENV}=1 turns fedbalance's autoload off"
+)
 
 
 def refusal(host: str, reason: str) -> str:
     """The message that stops a run naming a fedbalance aggregator on a host it cannot serve."""
     return (
         f"this run names a fedbalance aggregator, but {reason}; fedbalance cannot serve it. "
-        f"Install {LABELS[host]} {' or '.join(SUPPORTED[host])}, or {advice()}"
+        f"Install {LABELS[host]} {' or '.join(SUPPORTED[host])}, or {ADVICE}"
     )
 
 
@@ -128,7 +125,7 @@ def _tell_once(host: str, reason: str) -> None:
     NOT_ARMED[host] = reason
     try:
         sys.stderr.write(
-            f"fedbalance: {reason}; {LABELS[host]} runs stock in this process. {advice()}.\n"
+            f"fedbalance: {reason}; {LABELS[host]} runs stock in this process. {ADVICE}.\n"
         )
     except Exception:  # a closed or odd stderr must not break the host's import either
         pass
@@ -147,8 +144,12 @@ def arm_host(host: str, module: ModuleType) -> None:
             return
         except Exception as e:
             PATCHES[host].undo()
-            # FEDBALANCE_AGGREGATOR names an unknown plugin or bad arguments: the user's error.
-            if host == "fedlab" and not _host_error(e):
+            # FEDBALANCE_AGGREGATOR names an unknown plugin or bad arguments: the user's error;
+            # a host that lacks what the adapter patches (moved module, renamed method) is not.
+            if host == "fedlab" and not (
+                isinstance(e, (ImportError, AttributeError))
+                and not type(e).__module__.startswith("fl_adapters")
+            ):
                 raise
             reason = (
                 f"arming fedbalance's adapter for {LABELS[host]} {host_version(host, module)} "
@@ -158,13 +159,6 @@ def arm_host(host: str, module: ModuleType) -> None:
         raise HostNotSupported(f"{FEDLAB_AGGREGATOR_ENV} is set: {refusal(host, reason)}")
     _tell_once(host, reason)
     _guard_fedml(module, reason)
-
-
-def _host_error(e: Exception) -> bool:
-    """A host that lacks what the adapter patches (moved module, renamed method)."""
-    return isinstance(e, (ImportError, AttributeError)) and not type(e).__module__.startswith(
-        "fl_adapters"
-    )
 
 
 def _guard_fedml(fedml: ModuleType, reason: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,10 @@ from typing import Any
 import torch
 
 from fl_adapters import hosts
+from fl_adapters.autoload import LABELS
+from fl_adapters.config import RunConfig
+from fl_adapters.inputs import load_json
+from fl_adapters.rundir import scoped_env
 from fl_partitions.params import FedbalanceError
 
 FORMAT = "fedbalance-checkpoint"
@@ -27,8 +31,6 @@ VERSION = 1
 NAME = "checkpoint.pt"
 #: Config fields a resumed run may change (a longer run continues a shorter one).
 MAY_CHANGE = hosts.MAY_CHANGE
-#: How a checkpoint's host is named in messages.
-HOST_LABELS = {h.name: h.label for h in hosts.BUILTIN_HOSTS}
 
 
 class CheckpointError(FedbalanceError, ValueError):
@@ -49,7 +51,7 @@ class Checkpoint:
     rng: dict[str, Any] | None = None
     #: Per-round metrics the host keeps in memory only (Flower's strategy ``Result``), as JSON.
     history: dict[str, Any] | None = None
-    #: The host that wrote it: ``fedlab``, ``fedml`` or ``flower`` (see :meth:`written_by`).
+    #: The host that wrote it: ``fedlab``, ``fedml`` or ``flower`` (see :meth:`check_host`).
     host: str | None = None
 
     def save(self, path: Path) -> None:
@@ -124,29 +126,24 @@ class Checkpoint:
                 f"{path}: the model holds NaN or Inf values; resuming would skip every round. "
                 "Resume from an earlier copy or start afresh"
             )
-        counts = ckpt.participations
-        if any(c < 0 or k < 0 or k > ckpt.round * 1000 for c, k in counts.items()):
+        if any(c < 0 or k < 0 or k > ckpt.round * 1000 for c, k in ckpt.participations.items()):
             raise CheckpointError(
                 f"{path}: participation counts must be non-negative and fit round {ckpt.round}"
             )
         return ckpt
 
-    def written_by(self) -> str:
-        """The host that wrote this checkpoint; for one written before checkpoints named it,
-        told from its contents (Flower's config names it; FedML holds a state dict)."""
-        if self.host is not None:
-            return self.host
-        if self.config.get("host") == "flower":
-            return "flower"
-        return "fedml" if isinstance(self.model, dict) else "fedlab"
-
     def check_host(self, host: str, path: Path) -> None:
-        """Refuse a checkpoint another host wrote, naming both."""
-        written = self.written_by()
+        """Refuse a checkpoint another host wrote, naming both. One written before checkpoints
+        named their host is told from its contents (Flower's config names it; FedML's model is
+        a state dict)."""
+        written = self.host
+        if written is None:
+            flower = self.config.get("host") == "flower"
+            written = "flower" if flower else "fedml" if isinstance(self.model, dict) else "fedlab"
         if written != host:
             raise CheckpointError(
-                f"{path} was written by a {HOST_LABELS.get(written, written)} run; this is a "
-                f"{HOST_LABELS.get(host, host)} run: resume with the host that wrote it"
+                f"{path} was written by a {LABELS.get(written, written)} run; this is a "
+                f"{LABELS.get(host, host)} run: resume with the host that wrote it"
             )
 
     def check_model(self, template: torch.Tensor | Mapping[str, torch.Tensor], path: Path) -> None:
@@ -184,8 +181,6 @@ class Checkpoint:
         A field the checkpoint lacks (added to :class:`RunConfig` after it was written) counts
         as its default, which is what that run used.
         """
-        from fl_adapters.config import RunConfig
-
         written = RunConfig().to_dict() | self.config
         keys = (set(config) | set(self.config)) - set(MAY_CHANGE)
         refuse_changes(path, written, config, keys, label="config", what="run config")
@@ -236,8 +231,6 @@ def refuse_changes(
 
 def _json(text: Any, field: str) -> Any:
     """A checkpoint's JSON field, bounded (a tampered file cannot exhaust the stack or memory)."""
-    from fl_adapters.inputs import load_json
-
     if not isinstance(text, str):
         raise TypeError(f"{field} is not JSON text")
     return load_json(text, field, max_bytes=64 << 20, max_nodes=1_000_000)
@@ -287,17 +280,8 @@ def resume_hint(out_dir: Path) -> str:
     return f"; {path} holds round {done}: `fedbalance run --resume` continues from it"
 
 
-@contextlib.contextmanager
-def recording_to(path: Path) -> Iterator[None]:
+def recording_to(path: Path) -> contextlib.AbstractContextManager[None]:
     """Aggregations in this process (and the processes it starts) also go to ``path``."""
     from fl_aggregators.record import RUN_ENV
 
-    before = os.environ.get(RUN_ENV)
-    os.environ[RUN_ENV] = str(path)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(RUN_ENV, None)
-        else:
-            os.environ[RUN_ENV] = before
+    return scoped_env(RUN_ENV, str(path))

@@ -7,6 +7,7 @@ printed as one line naming what was wrong, and the exit status is 2 — never a 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import random
@@ -264,8 +265,6 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import importlib
-
     module = importlib.import_module(BENCHES[args.suite])
     return int(module.main(args.rest))
 

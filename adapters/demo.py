@@ -19,9 +19,7 @@ from fl_adapters.registry import get_registry
 log = logging.getLogger(__name__)
 
 
-def run_demo(
-    out_dir: Path, clients: int = 30, seed: int = 0, data_dir: str | None = None, train: bool = True
-) -> int:
+def run_demo(out_dir: Path, clients: int, seed: int, data_dir: str | None, train: bool) -> int:
     """Partition table and plots, then (``train``) the quick thesis benchmark on FedLab."""
     partition_demo(out_dir, clients, seed, data_dir)
     if not train:
@@ -39,9 +37,7 @@ def run_demo(
     return thesis.main(["--quick", "--out", str(out_dir / "thesis-quick"), "--seeds", "1"])
 
 
-def partition_demo(
-    out_dir: Path, clients: int = 30, seed: int = 0, data_dir: str | None = None
-) -> None:
+def partition_demo(out_dir: Path, clients: int, seed: int, data_dir: str | None) -> None:
     from fedbalance_benchmarks.datasets import dataset_targets, fmnist_available, load_dataset
     from fedbalance_benchmarks.thesis import SCENARIOS
     from fl_partitions.plots import plot_class_bars, plot_heatmap  # matplotlib on first use
@@ -55,11 +51,10 @@ def partition_demo(
     train = load_dataset(dataset, train=True, data_dir=data_dir)
     labels = dataset_targets(train)
     out_dir.mkdir(parents=True, exist_ok=True)
-    registry = get_registry()
     rows, summary = [], {}
     for scenario, spec in SCENARIOS.items():
         start = time.perf_counter()
-        partition = registry.make_partitioner(spec).partition(labels, clients, seed=seed)
+        partition = get_registry().make_partitioner(spec).partition(labels, clients, seed=seed)
         elapsed = time.perf_counter() - start
         rows.append(partition_row(scenario, partition, elapsed))
         summary[scenario] = {"spec": partition.spec, "stats": partition.stats()}

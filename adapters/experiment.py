@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 from fl_adapters.config import ConfigError, RunConfig
+from fl_adapters.registry import build_aggregator, get_registry
 from fl_partitions import Partition
 
 
 def training_data(config: RunConfig) -> tuple[Any, np.ndarray, Partition]:
     """The training set (capped at ``max_samples``, seeded), its labels and its partition."""
     from fedbalance_benchmarks.datasets import dataset_targets, load_dataset
-    from fl_adapters.registry import get_registry
 
     registry = get_registry()
     registry.make_aggregator(config.aggregator, **config.aggregator_args)  # fail before loading
@@ -33,10 +33,8 @@ def training_data(config: RunConfig) -> tuple[Any, np.ndarray, Partition]:
     if config.max_samples is not None and config.max_samples < len(labels):
         from torch.utils.data import Subset
 
-        keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(config.seed))[
-            : config.max_samples
-        ]
-        keep = keep.sort().values
+        gen = torch.Generator().manual_seed(config.seed)
+        keep = torch.randperm(len(labels), generator=gen)[: config.max_samples].sort().values
         scale = getattr(train, "pixel_scale", 1.0)  # feature noise is in pixel units
         train, labels = Subset(train, keep.tolist()), labels[keep.numpy()]
         train.pixel_scale = scale  # type: ignore[attr-defined]
@@ -48,8 +46,6 @@ def training_data(config: RunConfig) -> tuple[Any, np.ndarray, Partition]:
 
 def is_mediated(aggregator: str) -> bool:
     """Whether the named aggregator trains through mediator chains (Astraea)."""
-    from fl_adapters.registry import get_registry
-
     return bool(getattr(get_registry().aggregator(aggregator), "mediated", False))
 
 
@@ -135,7 +131,6 @@ def plan_of_run(config: RunConfig) -> dict[str, Any]:
     (:meth:`~fl_adapters.astraea.AstraeaPlanner.preview`)."""
     from fedbalance_benchmarks.datasets import image_spec
     from fl_adapters.astraea import AstraeaPlanner, label_counts
-    from fl_adapters.registry import build_aggregator
     from fl_adapters.sampling import sample_round
 
     aggregator = build_aggregator(config.aggregator, config.aggregator_args)

@@ -30,6 +30,7 @@ from typing import Any, cast
 import pluggy
 
 from fl_adapters import builtin, hookspecs
+from fl_adapters.autoload import env_flag
 from fl_adapters.hosts import HostSpec
 from fl_partitions.base import Partitioner
 from fl_partitions.builtin import make_partitioner
@@ -112,8 +113,6 @@ class Registry:
     """Loads every plugin once and answers lookups by name."""
 
     def __init__(self, autoload: bool | None = None) -> None:
-        from fl_adapters.autoload import env_flag
-
         self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT)
         self.plugin_manager.add_hookspecs(hookspecs)
         self.plugin_manager.register(builtin, name=BUILTIN)

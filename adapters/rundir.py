@@ -38,6 +38,20 @@ class RunDirError(FedbalanceError, ValueError):
 
 
 @contextlib.contextmanager
+def scoped_env(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` inside it; the previous value (or none) again after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+@contextlib.contextmanager
 def claim(out: Path, *, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
     """Hold ``out`` for one run (see the module docstring); yields ``out``."""
     key = str(out.resolve())
@@ -73,15 +87,8 @@ def claim(out: Path, *, resume: bool = False, overwrite: bool = False) -> Iterat
             os.pwrite(fd, stamp.encode(), 0)
         except OSError as e:  # a full or read-only disk: better now than after round 1
             raise RunDirError(f"--out {out}: cannot write there ({e.strerror or e})") from None
-        before = os.environ.get(HELD_ENV)
-        os.environ[HELD_ENV] = key
-        try:
+        with scoped_env(HELD_ENV, key):
             yield out
-        finally:
-            if before is None:
-                os.environ.pop(HELD_ENV, None)
-            else:
-                os.environ[HELD_ENV] = before
     finally:
         os.close(fd)  # releases the lock
 

@@ -130,14 +130,11 @@ class AstraeaPlanner:
     ) -> None:
         """Add the round's mediators, their KL and its traffic to ``aggregator``'s next record;
         with ``models`` (one per mediator), a ``digest`` of each (:func:`model_digest`)."""
-        extra: dict[str, Any] = {}
-        if models is not None:
-            extra["digest"] = [model_digest(m) for m in models]
         aggregator.annotate(
             mediators=mediators,
             kl=self.mediator_kl(mediators),
             bytes=round_traffic(param_bytes, mediators, aggregator.mediator_epochs, extra_down),
-            **extra,
+            **({"digest": [model_digest(m) for m in models]} if models is not None else {}),
         )
 
     def client_kl(self) -> dict[str, list[float]]:
