@@ -16,15 +16,17 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from fl_adapters._training import evaluate, stream_seed, training_clock
+from fl_adapters.astraea import RebalancedCache
+from fl_adapters.checkpoint import Checkpoint, CheckpointError
 from fl_adapters.config import check_eval_keys
+from fl_adapters.fedml import checkpoint
 from fl_adapters.fedml.ipconfig import check_grpc
 from fl_adapters.fedml.payload import attach, decode, strip
+from fl_adapters.inputs import brief, check_tree
 from fl_aggregators import Aggregator
 from fl_partitions.params import ParameterError, shown
 
 if TYPE_CHECKING:
-    from fl_adapters.astraea import RebalancedCache
-    from fl_adapters.checkpoint import Checkpoint
     from fl_adapters.fedml.astraea import SiloAstraea, SpAstraea
     from fl_aggregators.base import Weighing
 
@@ -85,7 +87,7 @@ class RunState:
     # MPI simulation and cross-silo: a client process
     rad: Any = None  #: Astraea: this client's rebalancing, sent once by the server
     astraea_round: int | None = None  #: the server's round the rebalancing came with
-    silo_data: RebalancedCache | None = None
+    silo_data: RebalancedCache = field(default_factory=RebalancedCache)
     # MPI simulation and cross-silo: the server process
     silo_astraea: SiloAstraea | None = None
     planned_round: int | str | None = None  #: the round the Astraea relay is planned for
@@ -155,8 +157,6 @@ def settings(args: Any) -> tuple[str, dict[str, Any]] | None:
         raise ParameterError(f"aggregator must be a fedbalance plugin name, got {name!r}")
     extra = getattr(args, "aggregator_args", None) or {}
     # FedML read the YAML: bound what it built (aliases) before anything formats it.
-    from fl_adapters.inputs import brief, check_tree
-
     check_tree(extra, "aggregator_args")
     if not isinstance(extra, dict):
         raise ParameterError(f"aggregator_args must be a mapping, got {brief(extra)}")
@@ -190,12 +190,11 @@ def validation_loss(model_trainer: Any, val: Any, device: Any, args: Any) -> flo
             return float(metrics["test_loss"]) / float(metrics["test_total"])
     except (NotImplementedError, TypeError, AttributeError):
         pass
-    model = model_trainer.model
     if isinstance(val, DataLoader):
-        return evaluate(model, val.dataset)[0]
+        return evaluate(model_trainer.model, val.dataset)[0]
     xs = torch.cat([x for x, _ in val])
     ys = torch.cat([y for _, y in val])
-    return evaluate(model, torch.utils.data.TensorDataset(xs, ys))[0]
+    return evaluate(model_trainer.model, torch.utils.data.TensorDataset(xs, ys))[0]
 
 
 def train_with_validation(
@@ -343,9 +342,6 @@ def check_evaluation(args: Any, host: str) -> None:
 def check_resume(args: Any) -> None:
     """``checkpoint_dir`` / ``resume_from``: well-formed, and (on the server) a checkpoint this
     run can continue, before any training."""
-    from fl_adapters.checkpoint import CheckpointError
-    from fl_adapters.fedml import checkpoint
-
     checkpoint.checkpoint_path(args)
     if checkpoint.resume_path(args) is None or int(getattr(args, "rank", 0) or 0) != 0:
         return

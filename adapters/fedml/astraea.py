@@ -124,8 +124,7 @@ def take_rad(params: Any) -> tuple[Any, Any, int | None]:
 
 def silo_data(cache: RebalancedCache, silo: int, original: Any, rad: Any, seed: int) -> Any:
     """A cross-silo or MPI client's rebalanced training data and its size."""
-    sized = lambda x, y, orig: (like(orig, x, y), len(y))  # noqa: E731
-    return cache.get(silo, rad, seed, lambda: original, sized)
+    return cache.get(silo, rad, seed, lambda: original, lambda x, y, o: (like(o, x, y), len(y)))
 
 
 def mediator_updates(

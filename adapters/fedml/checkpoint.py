@@ -64,9 +64,7 @@ def checkpoint_path(args: Any) -> Path | None:
 def resume_path(args: Any) -> Path | None:
     """The checkpoint ``resume_from`` names (a directory holding one, or the file)."""
     path = _path(args, "resume_from")
-    if path is None:
-        return None
-    return path / NAME if path.is_dir() else path
+    return path / NAME if path is not None and path.is_dir() else path
 
 
 def run_fields(args: Any) -> dict[str, Any]:
@@ -113,11 +111,10 @@ def save(
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    model = {k: v.detach().cpu().clone() for k, v in params.items() if torch.is_tensor(v)}
     Checkpoint(
         config=run_fields(args),
         round=int(round_number),
-        model=model,
+        model={k: v.detach().cpu().clone() for k, v in params.items() if torch.is_tensor(v)},
         aggregator=aggregator.state_dict(),
         participations={},
         plan=None if astraea is None else astraea.planner.plan.as_dict(),

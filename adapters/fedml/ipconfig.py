@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import importlib.util
 import logging
 import os
 import socket
@@ -94,8 +95,6 @@ def port_problem(ip: str, port: int) -> str | None:
 
 def require_grpcio() -> None:
     """FedML 0.9.6 does not depend on grpcio; without it FedML fails at its first bind."""
-    import importlib.util
-
     if importlib.util.find_spec("grpc") is None:
         raise ModuleNotFoundError(
             "FedML's gRPC backend needs grpcio, which FedML 0.9.6 does not install: "

@@ -41,10 +41,7 @@ def host_script(cfg_path: Path) -> list[str]:
 
 
 def fedml_config(
-    config: RunConfig,
-    ipconfig: Path | None = None,
-    checkpoint_dir: Path | None = None,
-    resume: bool = False,
+    config: RunConfig, ipconfig: Path | None, checkpoint_dir: Path, resume: bool
 ) -> dict[str, Any]:
     """The FedML YAML (as a dict) for ``config`` (``ipconfig``: the gRPC ranks' file;
     ``checkpoint_dir``: where the server checkpoints, and with ``resume`` resumes from)."""
@@ -56,8 +53,6 @@ def fedml_config(
         "random_seed": config.seed,
         "using_mlops": False,
     }
-    if training_type == "cross_silo":
-        common["scenario"] = "horizontal"
     device: dict[str, Any] = {"using_gpu": False, "gpu_id": 0}
     if backend in ("MPI", "GRPC"):
         device.update(worker_num=config.clients_per_round, gpu_mapping_key="mapping_default")
@@ -83,6 +78,7 @@ def fedml_config(
             "client_optimizer": config.optimizer,
             "learning_rate": config.lr,
             "weight_decay": 0.0,
+            "checkpoint_dir": str(checkpoint_dir),
         },
         # fedbalance's keys, with the meaning they have on every host (FedML's own
         # frequency_of_the_test tests rounds 1, 1 + f, ...; adapter.evaluation).
@@ -100,11 +96,10 @@ def fedml_config(
     if config.max_samples is not None:
         doc["data_args"]["max_samples"] = config.max_samples
     if training_type == "cross_silo":
+        common["scenario"] = "horizontal"
         doc["environment_args"] = {"bootstrap": ""}
-    if checkpoint_dir is not None:
-        doc["train_args"]["checkpoint_dir"] = str(checkpoint_dir)
-        if resume:
-            doc["train_args"]["resume_from"] = str(checkpoint_dir)
+    if resume:
+        doc["train_args"]["resume_from"] = str(checkpoint_dir)
     return doc
 
 
@@ -117,10 +112,9 @@ def command(config: RunConfig, cfg_path: Path) -> list[str]:
         raise FileNotFoundError(
             f"framework {config.framework} needs OpenMPI's mpirun (apt-get install openmpi-bin libopenmpi-dev)"
         )
-    extra = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
     return [
         mpirun,
-        *extra,
+        *(["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
         "--oversubscribe",
         "-np",
         str(config.clients_per_round + 1),

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fl_adapters.fedml.adapter import clean_params, current
 from fl_adapters.fedml.payload import strip
 from fl_aggregators import ClientUpdate
 
@@ -59,8 +60,6 @@ def server_status(self: Any, original: Any, msg_params: Any) -> Any:
 
 
 def _receive_scalars(self: Any, msg_params: Any) -> None:
-    from fl_adapters.fedml.adapter import current
-
     self._fedbalance_scalars[int(msg_params.get_sender_id())] = (
         msg_params.get(KEY_NUM_SAMPLES),
         msg_params.get(KEY_VAL_LOSS),
@@ -89,8 +88,6 @@ def _receive_scalars(self: Any, msg_params: Any) -> None:
 
 def reconstruct(self: Any, original: Any, first: Any, second: Any) -> Any:
     """FedML's unmasking (``sum_i w_i x_i``), then the aggregator's step and record."""
-    from fl_adapters.fedml.adapter import clean_params, current
-
     # A copy: FedML's reconstruction overwrites the model these tensors belong to.
     previous = OrderedDict(
         (k, v.clone()) for k, v in clean_params(self.get_global_model_params()).items()

@@ -63,8 +63,7 @@ def receive(self: Any, original: Any, msg_params: Any) -> Any:
         with shared.forwarding():
             self.send_message_sync_model_to_client(hop.owner, params, hop.clients[0])
 
-    silos, index = self.aggregator.client_num, self.client_real_ids.index
-    return shared.relay(self, original, msg_params, MyMessage, pass_on, silos, index)
+    return shared.relay(self, original, msg_params, MyMessage, pass_on, self.aggregator.client_num)
 
 
 def send_sync(

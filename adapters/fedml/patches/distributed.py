@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from fl_adapters._training import evaluates
-from fl_adapters.astraea import RebalancedCache
 from fl_adapters.fedml import checkpoint
 from fl_adapters.fedml.adapter import clean_params, current, evaluation, train_with_validation
 from fl_adapters.fedml.astraea import SiloAstraea, seeded_training, silo_data, take_rad, with_rad
@@ -27,8 +26,6 @@ def train(self: Any, original: Any, round_idx: Any = None) -> Any:
     data, n = self.train_local, self.local_sample_number
     seeding: Any = contextlib.nullcontext()
     if run.rad is not None:  # MPI Astraea: this client's data, rebalanced once
-        if run.silo_data is None:
-            run.silo_data = RebalancedCache()
         data, n = silo_data(run.silo_data, client, data, run.rad, run.seed)
         round_number = run.astraea_round or int(round_idx or 0) + 1  # the server's
         seeding = seeded_training(run.seed, client, round_number, 0)
@@ -71,14 +68,12 @@ def server_astraea(manager: Any) -> Any:
     return run.silo_astraea
 
 
-def relay(
-    self: Any, original: Any, msg_params: Any, keys: Any, pass_on: Any, count: int, index: Any
-) -> Any:
+def relay(self: Any, original: Any, msg_params: Any, keys: Any, pass_on: Any, count: int) -> Any:
     """A mediator's model came back to the server (MPI and cross-silo alike): the server plays
     the mediator and ``pass_on(hop, params)`` sends it to the chain's next client. Once every
     mediator is done, FedML's handler runs: it aggregates (our wrapper reads the mediators'
     models), tests and starts the next round; its all-received check wants one flag per client
-    process (``count`` of them, ``index(sender)`` the sender's)."""
+    process (``count`` of them; FedML sets the sender's again)."""
     astraea = server_astraea(self)
     sender = int(msg_params.get(keys.MSG_ARG_KEY_SENDER))
     params = msg_params.get(keys.MSG_ARG_KEY_MODEL_PARAMS)
@@ -88,10 +83,7 @@ def relay(
         return None
     if not astraea.relay.done():
         return None
-    own = index(sender)  # the sender's flag is FedML's own to set
-    for i in range(count):
-        if i != own:
-            self.aggregator.flag_client_model_uploaded_dict[i] = True
+    self.aggregator.flag_client_model_uploaded_dict.update(dict.fromkeys(range(count), True))
     return original(self, msg_params)
 
 

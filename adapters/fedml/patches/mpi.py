@@ -36,9 +36,8 @@ def client_sync(self: Any, original: Any, msg_params: Any) -> Any:
 
 
 def client_sampling(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
-    run = current()
     sampled = original(self, *a, **kw)
-    run.mpi_sampled = [int(c) for c in sampled]  # the relay plans the round from it
+    current().mpi_sampled = [int(c) for c in sampled]  # the relay plans the round from it
     return sampled
 
 
@@ -84,8 +83,7 @@ def receive(self: Any, original: Any, msg_params: Any) -> Any:
             with shared.forwarding():
                 self.send_message_sync_model_to_client(hop.owner, params, hop.clients[0])
 
-    workers = self.aggregator.worker_num  # worker w trains FedML's client_indexes[w-1]
-    return shared.relay(self, original, msg_params, MyMessage, pass_on, workers, lambda s: s - 1)
+    return shared.relay(self, original, msg_params, MyMessage, pass_on, self.aggregator.worker_num)
 
 
 def send_sync(self: Any, original: Any, receive_id: Any, params: Any, client_index: Any) -> Any:
