@@ -17,9 +17,7 @@ def fmt(value: Any) -> str:
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Render rows as a markdown table with aligned columns."""
     cells = [[fmt(v) for v in row] for row in rows]
-    widths = [
-        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)
-    ]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(header)]
 
     def line(vals: Sequence[str]) -> str:
         return "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths, strict=True)) + " |"

@@ -141,15 +141,12 @@ def evaluate(
     Several datasets (e.g. every client's test split) count as their union, so the result is
     weighted by their sizes.
     """
-    parts: list[Dataset[Any]] = (
-        list(datasets) if isinstance(datasets, (list, tuple)) else [datasets]  # type: ignore[list-item]
-    )
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
     criterion = nn.CrossEntropyLoss(reduction="sum")
     device = device_of(model)
-    for ds in parts:
-        for x, y in batches(ds, batch_size):
+    for ds in datasets if isinstance(datasets, (list, tuple)) else [datasets]:
+        for x, y in batches(ds, batch_size):  # type: ignore[arg-type]
             x, y = x.to(device), y.to(device)
             out = model(x)
             loss_sum += float(criterion(out, y))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from fl_adapters.hookspecs import hookimpl
+from fl_adapters.hosts import BUILTIN_HOSTS
 from fl_partitions.builtin import BUILTIN_PARTITIONERS
 
 
@@ -21,6 +22,4 @@ def fedbalance_partitioners() -> list[type]:
 
 @hookimpl
 def fedbalance_hosts() -> list[object]:
-    from fl_adapters.hosts import BUILTIN_HOSTS
-
     return list(BUILTIN_HOSTS)

@@ -120,8 +120,7 @@ class Checkpoint:
         if not ok:
             raise CheckpointError(f"{path}: malformed checkpoint (a field has the wrong type)")
         tensors = [ckpt.model] if isinstance(ckpt.model, torch.Tensor) else ckpt.model.values()
-        bad = [t for t in tensors if t.is_floating_point() and not torch.isfinite(t).all()]
-        if bad:
+        if any(t.is_floating_point() and not torch.isfinite(t).all() for t in tensors):
             raise CheckpointError(
                 f"{path}: the model holds NaN or Inf values; resuming would skip every round. "
                 "Resume from an earlier copy or start afresh"

@@ -119,11 +119,6 @@ def json_line(row: dict[str, Any]) -> str:
     return json.dumps(finite(row), allow_nan=False) + "\n"
 
 
-def json_doc(doc: dict[str, Any]) -> str:
-    """A ``summary.json`` (see :func:`finite`)."""
-    return json.dumps(finite(doc), indent=1, allow_nan=False) + "\n"
-
-
 def plan_of_run(config: RunConfig) -> dict[str, Any]:
     """Round 1 of an Astraea run of ``config``, as its hosts plan it: the clients' training
     labels counted, the plan from the config's ``aggregator_args``, the round's clients drawn

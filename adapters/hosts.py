@@ -87,13 +87,10 @@ def _run_flower(config: RunConfig, out: Path, options: RunOptions) -> dict[str, 
     return run_flower(config, out, resume=options.resume)
 
 
-def _require(host: str) -> Callable[[], None]:
-    def require() -> None:
-        from fl_adapters.autoload import require_host
+def _require(host: str) -> None:
+    from fl_adapters.autoload import require_host
 
-        require_host(host)
-
-    return require
+    require_host(host)
 
 
 def _require_flower() -> None:
@@ -111,7 +108,7 @@ FEDLAB = HostSpec(
     frameworks=("fedlab", "fedlab-distributed"),
     releases=("1.3.0",),
     run=_run_fedlab,
-    require=_require("fedlab"),
+    require=lambda: _require("fedlab"),
     arm="fl_adapters.fedlab.patches",
     description="FedLab: standalone pipeline and DistNetwork processes",
 )
@@ -121,7 +118,7 @@ FEDML = HostSpec(
     frameworks=("fedml-sp", "fedml-mpi", "fedml-cross-silo"),
     releases=("0.9.6",),
     run=_run_fedml,
-    require=_require("fedml"),
+    require=lambda: _require("fedml"),
     arm="fl_adapters.fedml.patches",
     description="FedML: sp simulation, MPI simulation, cross-silo over MPI or gRPC",
     may_change=("comm_round", "frequency_of_the_test", "eval_every", "eval_fraction"),

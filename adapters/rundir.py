@@ -160,9 +160,9 @@ class RunFiles:
 
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Write ``summary.json``; returns ``summary``."""
-        from fl_adapters.experiment import json_doc
+        from fl_adapters.experiment import finite
 
-        self.summary.write_text(json_doc(summary))
+        self.summary.write_text(json.dumps(finite(summary), indent=1, allow_nan=False) + "\n")
         return summary
 
     def aggregations(self) -> list[tuple[str, dict[str, Any]]]:
