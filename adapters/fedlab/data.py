@@ -16,6 +16,7 @@ from fedlab.contrib.dataset.basic_dataset import FedDataset
 from fedlab.utils.dataset.partition import DataPartitioner
 from torch.utils.data import DataLoader, Dataset
 
+from fl_adapters.registry import get_registry
 from fl_partitions import Partition, Partitioner
 from fl_partitions._rng import SeedLike
 from fl_partitions.params import ParameterError
@@ -77,8 +78,6 @@ class FedBalancePartitioner(DataPartitioner):
         **partition_kwargs: Any,
     ) -> None:
         super().__init__()
-        from fl_adapters.registry import get_registry
-
         part = (
             partitioner
             if isinstance(partitioner, Partitioner)

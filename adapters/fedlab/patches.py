@@ -28,8 +28,11 @@ import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fl_adapters._training import evaluate, stream_seed
-from fl_adapters.astraea import RebalancedCache
+from fl_adapters.astraea import AstraeaPlanner, RebalancedCache, dataset_tensors, run_mediator
 from fl_adapters.autoload import FEDLAB_AGGREGATOR_ENV, PATCHES
+from fl_adapters.fedlab.payload import encode, pack_meta
+from fl_adapters.inputs import brief, load_json
+from fl_adapters.registry import get_registry
 from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
@@ -47,8 +50,6 @@ def settings() -> tuple[str, dict[str, Any]] | None:
     if not name:
         return None
     raw = os.environ.get(ENV_ARGS, "").strip() or "{}"
-    from fl_adapters.inputs import brief, load_json
-
     args = load_json(raw, ENV_ARGS)  # InputError (a ValueError) names the variable
     if not isinstance(args, dict):
         raise ParameterError(f"{ENV_ARGS} must be a JSON object, got {brief(args)}")
@@ -130,8 +131,6 @@ class FedLabArming:
     """
 
     def __init__(self, name: str, args: dict[str, Any]) -> None:
-        from fl_adapters.registry import get_registry
-
         self.registry = get_registry()
         # An unknown name or bad arguments fail here, at import, naming the options.
         cls = self.registry.aggregator(name)
@@ -185,7 +184,6 @@ class FedLabArming:
         from fedlab.contrib.algorithm.basic_client import SGDSerialClientTrainer
 
         from fl_adapters.fedlab.astraea import decode_hop
-        from fl_adapters.fedlab.payload import encode
 
         hop = decode_hop(payload)
         assert hop is not None  # the caller checked
@@ -205,9 +203,7 @@ class FedLabArming:
     def astraea_local_process(
         self, trainer: Any, payload: list[torch.Tensor], id_list: list[int]
     ) -> None:
-        from fl_adapters.astraea import AstraeaPlanner, dataset_tensors, run_mediator
         from fl_adapters.fedlab.astraea import decode_hop
-        from fl_adapters.fedlab.payload import encode
 
         if decode_hop(payload) is not None:
             trainer.cache.append(self.relay_hop(trainer, payload, id_list))
@@ -233,8 +229,6 @@ class FedLabArming:
             trainer.cache.append(encode(result.params, m, result.num_samples, None))
 
     def train_one(self, trainer: Any, params: torch.Tensor, client: int) -> list[torch.Tensor]:
-        from fl_adapters.fedlab.payload import pack_meta
-
         train, val = train_val(trainer.dataset, client)
         loader = DataLoader(train, batch_size=trainer.batch_size, shuffle=True)
         pack = trainer.train(params, loader)
@@ -267,7 +261,6 @@ class FedLabArming:
 
     # -- the managers over DistNetwork (Astraea) ------------------------------------------------
     def astraea_server_setup(self, manager: Any) -> None:
-        from fl_adapters.astraea import AstraeaPlanner
         from fl_adapters.fedlab.astraea import receive_counts
 
         self.stock["server_setup"](manager)
@@ -305,28 +298,25 @@ class FedLabArming:
             "server_setup": SynchronousServerManager.setup,
             "client_setup": PassiveClientManager.setup,
         }
-        mediated = self.mediated
-        patches.set(SyncServerHandler, "global_update", _on(self.global_update))
-        serial = self.astraea_local_process if mediated else self.serial_local_process
-        patches.set(SGDSerialClientTrainer, "local_process", _on(serial))
-        single = self.astraea_client_process if mediated else self.client_local_process
-        patches.set(SGDClientTrainer, "local_process", _on(single))
-        patches.set(SGDClientTrainer, "uplink_package", property(_on(self.client_uplink)))
-        if mediated:
-            patches.set(SyncServerHandler, "load", _on(self.astraea_load))
+        serial = self.astraea_local_process if self.mediated else self.serial_local_process
+        single = self.astraea_client_process if self.mediated else self.client_local_process
+        # Class -> method -> its patch: what is set, and what the checks below expect to find.
+        server = {"global_update": _on(self.global_update)}
+        if self.mediated:  # Astraea also waits for one package per mediator in load
+            server["load"] = _on(self.astraea_load)
             patches.set(SynchronousServerManager, "setup", _on(self.astraea_server_setup))
             patches.set(SynchronousServerManager, "main_loop", _on(self.astraea_main_loop))
             patches.set(PassiveClientManager, "setup", _on(self.astraea_client_setup))
-        server = {"global_update": vars(SyncServerHandler)["global_update"]}
-        if mediated:  # Astraea also waits for one package per mediator in load
-            server["load"] = vars(SyncServerHandler)["load"]
         trainers = {
-            cls: {m: vars(cls)[m] for m in names}
-            for cls, names in (
-                (SGDSerialClientTrainer, ("local_process",)),
-                (SGDClientTrainer, ("local_process", "uplink_package")),
-            )
+            SGDSerialClientTrainer: {"local_process": _on(serial)},
+            SGDClientTrainer: {
+                "local_process": _on(single),
+                "uplink_package": property(_on(self.client_uplink)),
+            },
         }
+        for cls, methods in {SyncServerHandler: server, **trainers}.items():
+            for method, patch in methods.items():
+                patches.set(cls, method, patch)
         handlers = functools.partial(
             check_class,
             name=self.name,

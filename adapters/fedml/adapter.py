@@ -23,6 +23,7 @@ from fl_adapters.fedml import checkpoint
 from fl_adapters.fedml.ipconfig import check_grpc
 from fl_adapters.fedml.payload import attach, decode, strip
 from fl_adapters.inputs import brief, check_tree
+from fl_adapters.registry import build_aggregator
 from fl_aggregators import Aggregator
 from fl_partitions.params import ParameterError, shown
 
@@ -238,8 +239,6 @@ def state_for(args: Any, host: str) -> RunState | None:
     key = (host, name, repr(sorted(extra.items())))
     global _RUN
     if _RUN is None or _RUN.key != key:  # one aggregator (and its state) per process and setting
-        from fl_adapters.registry import build_aggregator
-
         agg = build_aggregator(name, extra)
         _RUN = RunState(
             key=key,
@@ -253,9 +252,9 @@ def state_for(args: Any, host: str) -> RunState | None:
     return _RUN
 
 
-def check_before_init(args: Any) -> tuple[tuple[str, str], Aggregator] | None:
+def check_before_init(args: Any) -> tuple[str, str] | None:
     """What the config alone decides: the aggregator and its arguments, the mode, the
-    optimizer and evaluation keys beside it. ``None`` without an ``aggregator`` key.
+    optimizer and evaluation keys beside it. The mode; ``None`` without an ``aggregator`` key.
 
     The patched ``fedml.init`` runs this before FedML's own init, so a refused config stops
     before FedML sets up the process and asks its MLOps server for settings (offline, five
@@ -263,8 +262,6 @@ def check_before_init(args: Any) -> tuple[tuple[str, str], Aggregator] | None:
     chosen = settings(args)
     if chosen is None:
         return None
-    from fl_adapters.registry import build_aggregator
-
     agg = build_aggregator(chosen[0], chosen[1])
     mode = (str(getattr(args, "training_type", "")), str(getattr(args, "backend", "")))
     if mode not in HOSTS:
@@ -280,17 +277,16 @@ def check_before_init(args: Any) -> tuple[tuple[str, str], Aggregator] | None:
                 "process trains once a round, as FedML's client counts rounds), got "
                 f"{agg.mediator_epochs}"
             )
-    return mode, agg
+    return mode
 
 
 def validate(args: Any) -> None:
     """Fail fast on an unknown aggregator name or bad arguments (before any training):
     :func:`check_before_init`, then what needs FedML's init (the processes, the gRPC ranks, the
     checkpoint on the server)."""
-    checked = check_before_init(args)
-    if checked is None:
+    mode = check_before_init(args)
+    if mode is None:
         return
-    mode = checked[0]
     check_world_size(args, mode)
     if mode[1] == "GRPC":
         check_grpc(args)

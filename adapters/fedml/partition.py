@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from fl_adapters.autoload import Patches
+from fl_adapters.registry import get_registry
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,6 @@ CURRENT: dict[str, Any] = {}
 
 def fedbalance_map(y_train: Any, num_clients: int, method: str, args: Any) -> dict[int, np.ndarray]:
     """The client -> indices map of fedbalance partitioner ``method`` on ``y_train``."""
-    from fl_adapters.registry import get_registry
-
     spec = {"name": method, **(getattr(args, "partition_args", None) or {})}
     part = (
         get_registry()
@@ -59,8 +58,6 @@ def _wrap_partition_data(module: Any, patches: Patches) -> None:
     ) -> Any:
         if partition in FEDML_METHODS or not isinstance(partition, str):
             return original(dataset, datadir, partition, n_nets, alpha, *rest)
-        from fl_adapters.registry import get_registry
-
         get_registry().partitioner(partition)  # unknown: the registry's message, listing names
         out = list(original(dataset, datadir, "homo", n_nets, alpha, *rest))
         y_train = out[1]

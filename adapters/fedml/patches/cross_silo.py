@@ -40,12 +40,11 @@ def client_sync(self: Any, original: Any, msg_params: Any) -> Any:
 
 
 def send_init(self: Any, original: Any) -> Any:
-    run = current()
     astraea = shared.server_astraea(self)
     if astraea is None:
         return original(self)
     astraea.plan_round(self.client_id_list_in_this_round, self.data_silo_index_list)
-    run.planned_round = "init"
+    current().planned_round = "init"
     params = with_rad(
         self.aggregator.get_global_model_params(), astraea.planner.rad, self.args.round_idx + 1
     )
