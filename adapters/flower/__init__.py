@@ -14,7 +14,6 @@ no flwr module until a name is used.
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 from typing import TYPE_CHECKING, Any
 

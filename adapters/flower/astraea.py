@@ -126,8 +126,7 @@ class AstraeaStrategy(FedBalanceStrategy):
                 raise RuntimeError(
                     f"node {node} failed Astraea's {asked} query: {msg.error.reason}"
                 )
-            metrics = list(msg.content.metric_records.values())
-            out[node] = metrics[0] if metrics else {}
+            out[node] = next(iter(msg.content.metric_records.values()), {})
         missing = sorted(set(nodes) - set(out))
         if missing:
             raise RuntimeError(f"nodes {missing} did not answer Astraea's {asked} query")
@@ -203,9 +202,8 @@ class AstraeaStrategy(FedBalanceStrategy):
             )
             for m in done
         ]
-        finished = [self.round_mediators[m] for m in done]
         param_bytes = sum(t.numel() * t.element_size() for t in self.global_params.values())
-        self.planner.annotate(self.astraea, finished, param_bytes)
+        self.planner.annotate(self.astraea, [self.round_mediators[m] for m in done], param_bytes)
         result: AggregationResult = self.astraea.aggregate(
             self.global_params, updates, round=server_round, host=self.host
         )

@@ -38,6 +38,7 @@ import numpy as np
 from datasets import Dataset
 from flwr_datasets.partitioner import Partitioner as FlowerPartitioner
 
+from fl_adapters.registry import get_registry
 from fl_partitions import Partition, Partitioner
 from fl_partitions.params import (
     ParameterError,
@@ -86,8 +87,6 @@ class FedBalancePartitioner(FlowerPartitioner):
         if isinstance(partitioner, Partitioner):
             self.partitioner = partitioner
         else:
-            from fl_adapters.registry import get_registry
-
             self.partitioner = get_registry().make_partitioner(partitioner)
         self._num_partitions = num_partitions
         self.partition_by = partition_by

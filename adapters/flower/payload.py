@@ -111,9 +111,8 @@ def reply_to_update(msg: Message, *, with_params: bool = True) -> ClientUpdate:
     ``with_params=False`` the reply carries metrics only (secure aggregation's first phase)
     and the update's ``params`` is ``None``.
     """
-    content = msg.content
-    arrays = list(content.array_records.values())
-    metric_records = list(content.metric_records.values())
+    arrays = list(msg.content.array_records.values())
+    metric_records = list(msg.content.metric_records.values())
     node = msg.metadata.src_node_id
     if len(arrays) != int(with_params) or len(metric_records) != 1:
         log.warning(

@@ -73,17 +73,6 @@ def _bin(name: str) -> str:
     return str(path) if path.exists() else name
 
 
-def write_cli_config(home: Path, port: int) -> Path:
-    """``$FLWR_HOME/config.toml`` pointing the ``flwr`` CLI at the SuperLink on ``port``."""
-    home.mkdir(parents=True, exist_ok=True)
-    path = home / "config.toml"
-    path.write_text(
-        f'[superlink]\ndefault = "{FEDERATION}"\n\n'
-        f'[superlink.{FEDERATION}]\naddress = "{IP}:{port}"\ninsecure = true\n'
-    )
-    return path
-
-
 def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float, who: str) -> None:
     """Until ``IP:port`` accepts connections; an error if ``proc`` dies or time runs out."""
     deadline = time.monotonic() + timeout
@@ -132,7 +121,11 @@ def run_deployment(
     work.mkdir(parents=True, exist_ok=True)
     port, *node_ports = free_ports(1 + num_supernodes, IP)
     home = work / "flwr-home"
-    write_cli_config(home, port)
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(  # the `flwr` CLI's SuperLink
+        f'[superlink]\ndefault = "{FEDERATION}"\n\n'
+        f'[superlink.{FEDERATION}]\naddress = "{IP}:{port}"\ninsecure = true\n'
+    )
     # Flower's processes start each other by name (the SuperLink runs `flower-superexec`, which
     # runs `flwr-serverapp`): this environment's commands come first on PATH.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
@@ -201,13 +194,6 @@ def _sweep(pids: set[int], ports: list[int], seconds: float = 10.0) -> None:
 
 
 # -- fedbalance run ----------------------------------------------------------------------------
-def app_dir() -> Path:
-    """The bundled Flower app (its ``pyproject.toml`` ships with the package)."""
-    import fedbalance_benchmarks.flower_app as app
-
-    return Path(app.__file__).resolve().parent
-
-
 def app_values(config: RunConfig, out_dir: Path, resume: bool = False) -> dict[str, Any]:
     """``config`` as the app's run-config keys; the strategy checkpoints in ``out_dir`` and,
     with ``resume``, continues from the checkpoint there."""
@@ -234,17 +220,6 @@ def app_values(config: RunConfig, out_dir: Path, resume: bool = False) -> dict[s
         CHECKPOINT_KEY: str(out_dir),
         RESUME_KEY: str(out_dir) if resume else "",
     }
-
-
-def app_run_config(values: Mapping[str, Any], out_dir: Path) -> Path:
-    """The app's run-config ``values`` as a TOML file of overrides (``--run-config FILE``).
-
-    A file, not ``key=value`` pairs: Flower splits those with a regular expression that
-    cannot hold a JSON value's quotes and spaces. A JSON string or number is valid TOML.
-    """
-    path = out_dir / "run_config.toml"
-    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
-    return path
 
 
 def run_flower(
@@ -274,14 +249,19 @@ def run_flower(
         record = files.start(None)
         (out_dir / "app" / "summary.json").unlink(missing_ok=True)
     env = {RUN_ENV: str(record)}  # the user's FEDBALANCE_RECORD, inherited, gets it too
-    overrides = str(app_run_config(values, out_dir))
+    # A file of TOML overrides: Flower splits ``key=value`` pairs with a regular expression that
+    # cannot hold a JSON value's quotes and spaces. A JSON string or number is valid TOML.
+    overrides = out_dir / "run_config.toml"
+    overrides.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
     if config.framework == "flower-deployment":
+        import fedbalance_benchmarks.flower_app as app  # its pyproject.toml ships with it
+
         try:
             run_deployment(
-                app_dir(),
+                Path(app.__file__).resolve().parent,
                 out_dir / "deployment",
                 num_supernodes=config.num_clients,
-                run_config=[overrides],
+                run_config=[str(overrides)],
                 env=env,
                 timeout=timeout,
             )
@@ -289,7 +269,7 @@ def run_flower(
             raise RunFailed(f"Flower deployment: {e}{resume_hint(out_dir)}") from e
     elif config.framework == "flower":
         argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
-        argv += ["--num-supernodes", str(config.num_clients), "--run-config", overrides]
+        argv += ["--num-supernodes", str(config.num_clients), "--run-config", str(overrides)]
         log_path = out_dir / "flower-simulation.log"
         proc = start_logged(argv, log_path, env={**os.environ, **env})  # Ray's in its group
         failed = watch([("the Flower simulation", proc)], timeout)  # stops Ray's too

@@ -273,8 +273,7 @@ def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         return call_next(msg, context)
     if RECORD_KEY_CONFIGS in msg.content.config_records:
         return secaggplus_mod(msg, context, _kept_model_reply)
-    configs = list(msg.content.config_records.values())
-    if not any(c.get(SECURE_KEY) == "weigh" for c in configs):
+    if not any(c.get(SECURE_KEY) == "weigh" for c in msg.content.config_records.values()):
         return call_next(msg, context)
     out = call_next(msg, context)
     if out.has_error():

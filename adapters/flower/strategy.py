@@ -43,6 +43,7 @@ from fl_adapters.flower.payload import (
     weighted_metrics,
 )
 from fl_adapters.flower.sampling import NodeSampling
+from fl_adapters.registry import PluginError, build_aggregator, get_registry
 from fl_aggregators import AggregationResult, Aggregator
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,6 @@ def make_aggregator(
     """
     if isinstance(aggregator, Aggregator):
         return aggregator
-    from fl_adapters.registry import PluginError, build_aggregator, get_registry
-
     try:
         cls = get_registry().aggregator(aggregator)
     except PluginError as e:
@@ -180,17 +179,6 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
         log.info("fedbalance aggregator: %r (host %s, seed %s)", self.aggregator, HOST, self.seed)
         super().summary()
 
-    def _configure(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid, kind: str
-    ) -> Iterable[Message]:
-        train = kind == MessageType.TRAIN
-        fraction = self.fraction_train if train else self.fraction_evaluate
-        if fraction == 0.0:
-            return []
-        minimum = self.min_train_nodes if train else self.min_evaluate_nodes
-        nodes = self.sample(grid, fraction, minimum)
-        return self._messages(server_round, arrays, config, nodes, kind)
-
     def _messages(
         self,
         server_round: int,
@@ -222,7 +210,10 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The train messages of round ``server_round`` (counted from the run's start)."""
-        return self._configure(server_round, arrays, config, grid, MessageType.TRAIN)
+        if self.fraction_train == 0.0:
+            return []
+        nodes = self.sample(grid, self.fraction_train, self.min_train_nodes)
+        return self._messages(server_round, arrays, config, nodes, MessageType.TRAIN)
 
     def wrapped_by(self, wrapper: Strategy) -> None:
         """Check, before the first round, that this strategy can serve under ``wrapper``;
@@ -254,9 +245,12 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
         server_round += self.round_offset
         if not evaluates(server_round, self.evaluate_every, self.num_rounds):
             return []
-        if self.evaluate_fraction is None:
-            return self._configure(server_round, arrays, config, grid, MessageType.EVALUATE)
-        nodes = self.evaluation_nodes(grid, server_round)
+        if self.evaluate_fraction is not None:
+            nodes = self.evaluation_nodes(grid, server_round)
+        elif self.fraction_evaluate == 0.0:
+            return []
+        else:
+            nodes = self.sample(grid, self.fraction_evaluate, self.min_evaluate_nodes)
         return self._messages(server_round, arrays, config, nodes, MessageType.EVALUATE)
 
     # -- aggregation ------------------------------------------------------------------------
