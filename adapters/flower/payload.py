@@ -128,11 +128,10 @@ def reply_to_update(msg: Message, *, with_params: bool = True) -> ClientUpdate:
     metrics = dict(metric_records[0]) if len(metric_records) == 1 else {}
     num_samples = metrics.pop(NUM_EXAMPLES, None)
     client = metrics.pop(CLIENT_ID, None)
-    scalars = {k: v for k, v in metrics.items() if not isinstance(v, list)}
     return ClientUpdate(
         params=params,
         num_samples=cast(int, num_samples),  # whatever it is, the aggregator checks it
-        metrics=scalars,
+        metrics={k: v for k, v in metrics.items() if not isinstance(v, list)},
         client_id=client if isinstance(client, int) else node,
     )
 

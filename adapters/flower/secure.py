@@ -181,7 +181,7 @@ class SecAggPlusStrategy(FedBalanceStrategy):
         shim = _Round(self._grid, {node: m * w for node, (_, w) in chosen.items()}, server_round)
         context = LegacyContext(
             Context(
-                run_id=_run_id(self._grid),
+                run_id=shim.run_id,
                 node_id=0,
                 node_config={},
                 state=RecordDict(),
@@ -214,28 +214,24 @@ class SecAggPlusStrategy(FedBalanceStrategy):
         return summed, survivors
 
 
-def _run_id(grid: Grid) -> int:
-    run = getattr(grid, "run", None)
-    return int(getattr(run, "run_id", 0) or 0)
-
-
 class _Round(LegacyStrategy):
     """The legacy strategy SecAgg+ drives for one round: fit instructions carrying each
     client's scale, and the unmasked sum kept for :class:`SecAggPlusStrategy`."""
 
     def __init__(self, grid: Grid, scales: dict[int, float], server_round: int) -> None:
         self.grid = grid
+        run = getattr(grid, "run", None)
+        self.run_id = int(getattr(run, "run_id", 0) or 0)
         self.scales = scales
         self.server_round = server_round
         self.unmasked: list[np.ndarray] | None = None
         self.survivors: list[Any] = []
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: Any) -> Any:
-        run_id = _run_id(self.grid)
         empty = Parameters(tensors=[], tensor_type="numpy.ndarray")  # the model stays on the node
         return [
             (
-                GridClientProxy(node, self.grid, run_id),
+                GridClientProxy(node, self.grid, self.run_id),
                 FitIns(empty, {SCALE_KEY: scale, "server-round": self.server_round}),
             )
             for node, scale in sorted(self.scales.items())

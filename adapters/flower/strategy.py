@@ -32,6 +32,7 @@ from fl_adapters._training import evaluates
 from fl_adapters.checkpoint import NAME, Checkpoint, restore_sampler, sampler_state
 from fl_adapters.config import ConfigError
 from fl_adapters.flower import checkpoint, privacy
+from fl_adapters.flower.checkpoint import HOST
 from fl_adapters.flower.config import AGGREGATOR_KEY, ARGS_KEY, WHERE, parse_run_config
 from fl_adapters.flower.payload import (
     content_order,
@@ -47,8 +48,6 @@ from fl_adapters.registry import PluginError, build_aggregator, get_registry
 from fl_aggregators import AggregationResult, Aggregator
 
 log = logging.getLogger(__name__)
-
-HOST = checkpoint.HOST
 
 
 def make_aggregator(
