@@ -265,8 +265,7 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    module = importlib.import_module(BENCHES[args.suite])
-    return int(module.main(args.rest))
+    return int(importlib.import_module(BENCHES[args.suite]).main(args.rest))
 
 
 #: ``fedbalance bench NAME`` -> module with ``main(argv)``; runnable from an installed wheel.

@@ -89,10 +89,9 @@ def watch(
     try:
         while True:
             codes = [(name, p.poll()) for name, p in procs]  # every process, every time
-            bad = [(name, code) for name, code in codes if code not in (None, 0)]
-            if bad:
-                who, code = bad[0]
-                return Failure(f"{who} {exit_reason(code)}", who)
+            for who, code in codes:
+                if code not in (None, 0):
+                    return Failure(f"{who} {exit_reason(code)}", who)
             if until.returncode == 0 if until is not None else all(c == 0 for _, c in codes):
                 return None
             if time.monotonic() > deadline:
@@ -165,12 +164,7 @@ def _kernel_ports(n: int, ip: str) -> list[int]:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (Linux ``/proc``; empty elsewhere).
-
-    A host may start helpers in sessions of their own (Flower's SuperLink detaches its
-    ``flower-superexec``), out of reach of :func:`stop`'s process-group kill: list them
-    before stopping their ancestor, and stop whatever of them is still alive after.
-    """
+    """Every live process below ``pid`` (Linux ``/proc``; empty elsewhere), for :func:`stop`."""
     children: dict[int, list[int]] = {}
     for child, stat in proc_files("stat"):
         # The command name may hold spaces or parentheses: the fields start after the last ")".
