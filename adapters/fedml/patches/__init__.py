@@ -59,7 +59,12 @@ def arm() -> None:
         if hasattr(args, "training_type") and hasattr(args, "backend"):
             check_before_init(args)  # before FedML sets up the process and asks its MLOps server
         args = original_init(args, *a, **kw)
-        follow_fedml_logging()
+        # FedML's init makes a logger of its own (its format, its handlers) the module's
+        # logging.root; loggers made before it still hand their records to the old root, which
+        # has no handler, so fedbalance's INFO lines (what it armed, each sampled evaluation)
+        # never showed in a FedML run.
+        for name in ("fl_adapters", "fl_aggregators", "fl_partitions"):
+            logging.getLogger(name).parent = logging.root
         validate(args)
         return args
 
@@ -75,12 +80,3 @@ def arm() -> None:
     partition.arm(patches)
     patches.set(fedml, "init", init)
     patches.set(FedMLRunner, "__init__", runner_init)
-
-
-def follow_fedml_logging() -> None:
-    """fedbalance's log lines where FedML's go. ``fedml.init`` makes a logger of its own (its
-    format, its handlers) the module's ``logging.root``; loggers made before it still hand
-    their records to the old root, which has no handler, so fedbalance's INFO lines (what it
-    armed, each sampled evaluation) never showed in a FedML run."""
-    for name in ("fl_adapters", "fl_aggregators", "fl_partitions"):
-        logging.getLogger(name).parent = logging.root

@@ -30,8 +30,7 @@ def train(self: Any, original: Any, round_idx: Any = None) -> Any:
         round_number = run.astraea_round or int(round_idx or 0) + 1  # the server's
         seeding = seeded_training(run.seed, client, round_number, 0)
     with seeding:
-        params = train_with_validation(self.trainer, None, data, client, self.device, self.args)
-    return params, n
+        return train_with_validation(self.trainer, None, data, client, self.device, self.args), n
 
 
 def test_round(self: Any, original: Any, round_idx: Any, *a: Any, **kw: Any) -> Any:
@@ -129,8 +128,7 @@ def server_checkpoint(aggregator: Any, params: Any) -> None:
 def tag_init(self: Any, original: Any, receive_id: Any, params: Any, *a: Any, **kw: Any) -> Any:
     """A resumed server's first messages carry its round: FedML's clients count rounds
     themselves (and stop on the count), from 0 unless told."""
-    run = current()
-    if run.first_round is not None and isinstance(params, dict) and KEY_ROUND not in params:
+    if current().first_round is not None and isinstance(params, dict) and KEY_ROUND not in params:
         params = OrderedDict(params)
         params[KEY_ROUND] = torch.tensor(self.args.round_idx + 1, dtype=torch.int64)
     return original(self, receive_id, params, *a, **kw)

@@ -53,9 +53,8 @@ def plan(manager: Any) -> Any:
 
 
 def send_init(self: Any, original: Any) -> Any:
-    run = current()
     shared.resume_server(self)
-    if not getattr(run.aggregator, "mediated", False):
+    if not getattr(current().aggregator, "mediated", False):
         return original(self)
 
     self.aggregator.client_sampling(
@@ -71,13 +70,12 @@ def send_init(self: Any, original: Any) -> Any:
 
 
 def receive(self: Any, original: Any, msg_params: Any) -> Any:
-    run = current()
     if shared.server_astraea(self) is None:
         return original(self, msg_params)
     from fedml.simulation.mpi.fedavg.message_define import MyMessage
 
     def pass_on(hop: Any, params: Any) -> None:
-        if self.args.round_idx == (run.first_round or 0):  # a worker's first message: init
+        if self.args.round_idx == (current().first_round or 0):  # a worker's first message: init
             self.send_message_init_config(hop.owner, params, hop.clients[0])
         else:
             with shared.forwarding():

@@ -81,19 +81,17 @@ def client_sampling(self: Any, original: Any, round_idx: Any, *a: Any, **kw: Any
     # The round's global model, before the clients train the shared model object in place.
     run.round_global = copy.deepcopy(self.model_trainer.get_model_params())
     sampled = original(self, round_idx, *a, **kw)
-    agg = run.aggregator
-    if not getattr(agg, "mediated", False):
+    if not getattr(run.aggregator, "mediated", False):
         return sampled
     if run.astraea is None:
-        run.astraea = SpAstraea(self, agg, run.seed)
+        run.astraea = SpAstraea(self, run.aggregator, run.seed)
         if ckpt is not None:
             check_plan(ckpt.plan, run.astraea.planner.plan.as_dict())
     return run.astraea.sample(sampled)
 
 
 def local_test(self: Any, original: Any, *a: Any, **kw: Any) -> Any:
-    run = current()
-    if run.skipping:  # the checkpointed run tested this round
+    if current().skipping:  # the checkpointed run tested this round
         return None
     return original(self, *a, **kw)
 
@@ -134,9 +132,8 @@ def test_clients(self: Any, round_idx: Any, clients: list[int]) -> None:
         )
         for on_test in (False, True):
             m = client.local_test(on_test)
-            sums[on_test][0] += m["test_correct"]
-            sums[on_test][1] += m["test_loss"]
-            sums[on_test][2] += m["test_total"]
+            for i, key in enumerate(("test_correct", "test_loss", "test_total")):
+                sums[on_test][i] += m[key]
     for on_test, name in ((False, "training"), (True, "test")):
         correct, loss, n = sums[on_test]
         if n:
