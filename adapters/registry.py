@@ -123,17 +123,7 @@ class Registry:
         self._check()
         self._tables: dict[str, dict[str, PluginInfo]] = {kind: {} for kind in KINDS}
         for kind in KINDS:
-            for impl in getattr(self.plugin_manager.hook, f"fedbalance_{kind}").get_hookimpls():
-                source = self._sources.get(impl.plugin_name, "(unknown distribution)")
-                try:
-                    classes = list(impl.function())
-                except Exception as e:
-                    raise PluginLoadError(
-                        f"fedbalance plugin {impl.plugin_name!r} from {source}: fedbalance_{kind}() "
-                        f"raised {type(e).__name__}: {e}"
-                    ) from e
-                for cls in classes:
-                    self._add(kind, cls, source)
+            self._collect(kind)
 
     def _load(self, dist: str, ep: Any) -> None:
         """Entry point ``ep`` of ``dist`` through pluggy, an import error naming both."""
@@ -176,6 +166,21 @@ class Registry:
                 f"{hint}the hooks are {', '.join(HOOKS)}"
             ) from e
 
+    def _collect(self, kind: str) -> None:
+        """Call every plugin's ``fedbalance_<kind>`` (through ``pm.hook``) and add its classes."""
+        caller = getattr(self.plugin_manager.hook, f"fedbalance_{kind}")
+        for impl in caller.get_hookimpls():
+            source = self._sources.get(impl.plugin_name, "(unknown distribution)")
+            try:
+                classes = list(impl.function())
+            except Exception as e:
+                raise PluginLoadError(
+                    f"fedbalance plugin {impl.plugin_name!r} from {source}: fedbalance_{kind}() "
+                    f"raised {type(e).__name__}: {e}"
+                ) from e
+            for cls in classes:
+                self._add(kind, cls, source)
+
     def _add(self, kind: str, cls: type, source: str) -> None:
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
@@ -189,19 +194,23 @@ class Registry:
                 f"({other.source}) and {_where(cls)} ({source}); uninstall one of them or rename "
                 "its plugin"
             )
-        if kind == "hosts":  # a HostSpec whose framework values no other host serves
-            if not isinstance(cls, HostSpec):
-                raise PluginError(
-                    f"fedbalance_hosts() of {source} returned {cls!r}, not a fl_adapters.hosts.HostSpec"
-                )
-            for other in table.values():
-                shared = sorted(set(cls.frameworks) & set(cast(HostSpec, other.cls).frameworks))
-                if shared:
-                    raise DuplicatePluginError(
-                        f"framework {shared[0]!r} is served by host {other.name!r} ({other.source}) "
-                        f"and host {cls.name!r} ({source}); uninstall one of them"
-                    )
+        if kind == "hosts":
+            self._check_host(cls, source)
         table[key] = PluginInfo(name=key, cls=cls, source=source)
+
+    def _check_host(self, spec: Any, source: str) -> None:
+        """A host is a :class:`HostSpec` whose ``framework`` values no other host serves."""
+        if not isinstance(spec, HostSpec):
+            raise PluginError(
+                f"fedbalance_hosts() of {source} returned {spec!r}, not a fl_adapters.hosts.HostSpec"
+            )
+        for other in self._tables["hosts"].values():
+            shared = sorted(set(spec.frameworks) & set(cast(HostSpec, other.cls).frameworks))
+            if shared:
+                raise DuplicatePluginError(
+                    f"framework {shared[0]!r} is served by host {other.name!r} ({other.source}) "
+                    f"and host {spec.name!r} ({source}); uninstall one of them"
+                )
 
     # -- lookups ----------------------------------------------------------------------------
     def infos(self, kind: str) -> list[PluginInfo]:
