@@ -5,10 +5,12 @@ all sampled every round, label Dirichlet 0.5, thesis CNN): clients ``0 .. k-1`` 
 and then rewrite what they send (:class:`Attack`, the trainer's ``uplink_hook``). For each
 attack and aggregator the report gives what the aggregator did (bounded, rejected, skipped),
 the final accuracy against the clean run of the same aggregator and seed, and the weight the
-liars took against the top honest client of the same round. It also runs a list of bad
-configs and command lines through the CLI (exit status and message) and shows what a lie
-about label counts does to Astraea's plan. The faults (stopped runs, killed processes, damaged
-checkpoints) are :mod:`fedbalance_benchmarks.reliability_faults`.
+liars took against the top honest client of the same round. The report's other sections
+have their own modules: what ``sample_clip`` costs honest quantity skew
+(:mod:`~fedbalance_benchmarks.reliability_quantity`), faults (stopped runs, killed processes,
+damaged checkpoints: :mod:`~fedbalance_benchmarks.reliability_faults`), and bad configs and
+command lines through the CLI and lies about label counts to Astraea's plan
+(:mod:`~fedbalance_benchmarks.reliability_inputs`).
 
     fedbalance bench reliability [--quick] [--seeds 3] [--workers 2] [--out DIR]
 
@@ -18,8 +20,6 @@ Writes ``reliability_<dataset>.md``, ``.json`` (per-run numbers) and a plot.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import statistics
 import sys
@@ -32,6 +32,8 @@ import torch
 
 from fedbalance_benchmarks._runs import mean_std, output_dirs, path_slug, read_metrics, run_jobs
 from fedbalance_benchmarks.reliability_faults import faults
+from fedbalance_benchmarks.reliability_inputs import ASTRAEA_LIES_HEADER, astraea_lies, bad_inputs
+from fedbalance_benchmarks.reliability_quantity import QUANTITY_HEADER, SAMPLE_CLIPS, quantity_cost
 from fedbalance_benchmarks.thesis import run_config as thesis_run_config
 from fl_partitions.params import ParameterError
 
@@ -180,8 +182,6 @@ def scenarios() -> list[Scenario]:
     return out
 
 
-#: The sample_clip values measured: no margin, and a margin honest quantity skew rarely reaches.
-SAMPLE_CLIPS = (1.0, 20.0)
 #: Astraea with 10 clients a round and gamma 3: four mediators, so n_m / n weights matter.
 ASTRAEA_SMALL = {"gamma": 3}
 
@@ -389,224 +389,6 @@ def table(runs: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     return markdown_table(header, rows), summary
 
 
-# -- bad input ---------------------------------------------------------------------------------
-BASE_CONFIG: dict[str, Any] = {
-    "framework": "fedlab",
-    "dataset": "digits",
-    "num_clients": 4,
-    "clients_per_round": 2,
-    "rounds": 1,
-    "partition": {"name": "label_dirichlet", "beta": 0.5},
-    "aggregator": "fedloss",
-}
-BAD_CONFIGS: list[tuple[str, dict[str, Any]]] = [
-    ("unknown key", {"learning_rate": 0.1}),
-    ("wrong type", {"rounds": "ten"}),
-    ("beta <= 0", {"partition": {"name": "label_dirichlet", "beta": 0}}),
-    ("sigma < 0", {"partition": {"name": "feature_noise", "sigma": -0.1}}),
-    ("unknown aggregator", {"aggregator": "fedprox"}),
-    ("gamma < 1", {"aggregator": "astraea", "aggregator_args": {"gamma": 0}}),
-    ("tau_d <= 0", {"aggregator": "astraea", "aggregator_args": {"tau_d": -1}}),
-    ("loss_clip < 1", {"aggregator_args": {"loss_clip": 0.5}}),
-    ("unknown aggregator argument", {"aggregator_args": {"clip": 5}}),
-    ("clients_per_round > num_clients", {"clients_per_round": 9}),
-    ("more clients than samples", {"num_clients": 5000}),
-]
-BAD_ARGV: list[tuple[str, list[str]]] = [
-    ("negative client count", "partition --dataset digits --clients -3 --out x.json".split()),
-    (
-        "unknown scheme",
-        "partition --dataset digits --clients 4 --scheme nope --out x.json".split(),
-    ),
-    (
-        "bad --set value",
-        "partition --dataset digits --clients 4 --scheme label_dirichlet --set beta=abc "
-        "--out x.json".split(),
-    ),
-    ("missing config file", ["run", "does-not-exist.yaml"]),
-    ("count matrix with a negative", ["astraea", "plan", "--class-counts", "{counts}"]),
-]
-
-
-def bad_inputs(work: Path) -> list[list[str]]:
-    """Run each bad config / command line through the CLI: exit status and first line."""
-    import yaml
-
-    from fl_adapters.cli import main
-
-    work.mkdir(parents=True, exist_ok=True)
-    counts = work / "counts.json"
-    counts.write_text(json.dumps([[3, -1], [2, 2]]))
-    cases: list[tuple[str, list[str]]] = []
-    for name, change in BAD_CONFIGS:
-        path = work / f"{path_slug(name)}.yaml"
-        path.write_text(yaml.safe_dump({**BASE_CONFIG, **change}))
-        cases.append((f"config: {name}", ["run", str(path), "--out", str(work / "out")]))
-    cases += [
-        (f"cli: {name}", [a.replace("{counts}", str(counts)) for a in argv])
-        for name, argv in BAD_ARGV
-    ]
-    rows = []
-    for name, argv in cases:
-        err = io.StringIO()
-        traceback = False
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            try:
-                code = main(argv)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-            except Exception as e:  # noqa: BLE001 - a traceback is what we are checking for
-                code, traceback = -1, True
-                err.write(f"{type(e).__name__}: {e}")
-        lines = [x for x in err.getvalue().splitlines() if x.strip() and not x.startswith("usage")]
-        message = lines[-1] if lines else ""
-        rows.append([name, str(code), "traceback" if traceback else "clear error", message[:200]])
-    return rows
-
-
-# -- Astraea: lies about label counts ----------------------------------------------------------
-def astraea_lies(opts: dict[str, Any]) -> list[list[str]]:
-    """One client lies about its label counts on a partition like the Astraea benchmark's
-    (its earlier design: 100 clients, each client's 70 % training split)."""
-    import numpy as np
-
-    from fl_adapters.astraea import label_counts
-    from fl_adapters.config import RunConfig
-    from fl_adapters.fedlab.astraea import client_labels
-    from fl_adapters.fedlab.runner import build
-    from fl_aggregators.astraea_plan import plan_rebalance
-
-    config = {  # 100 clients (20 --quick, of 6,000 samples), letters profile, label Dir(0.5)
-        "dataset": opts["dataset"],
-        "model": "astraea_cnn",
-        "partition": {
-            "name": "global_imbalance",
-            "profile": "letters",
-            "then": {"name": "label_dirichlet", "beta": 0.5},
-        },
-        "aggregator": "astraea",
-        "num_clients": 20 if opts["quick"] else 100,
-        "max_samples": 6000 if opts["quick"] else None,
-        "seed": 0,
-    }
-    exp = build(RunConfig.from_dict(config))
-    honest = np.stack([label_counts(y, exp.num_classes) for y in client_labels(exp.data)]).astype(
-        float
-    )
-    clean = plan_rebalance(honest, 3.5)
-    sizes = honest.sum(axis=0)
-    smallest, largest = int(np.argmin(sizes)), int(np.argmax(sizes))
-    rows = []
-    for lie, target, factor in (
-        ("claims 1000x its smallest class", smallest, 1000.0),
-        ("claims 1000x its largest class", largest, 1000.0),
-    ):
-        counts = honest.copy()
-        counts[0, target] = max(counts[0, target], 1.0) * factor
-        for rule, clip in (("paper (plain sum)", None), ("count_clip 20 (default)", 20.0)):
-            plan = plan_rebalance(counts, 3.5, clip)
-            moved = np.abs(plan.rad - clean.rad).max()
-            rows.append(
-                [
-                    lie,
-                    rule,
-                    str(clean.augment),
-                    str(plan.augment),
-                    f"{clean.rad[target]:.2f} -> {plan.rad[target]:.2f}",
-                    f"{moved:.2f}",
-                ]
-            )
-    return rows
-
-
-# -- sample_clip on honest quantity skew ---------------------------------------------------------
-def quantity_cost(opts: dict[str, Any]) -> tuple[list[list[str]], list[dict[str, Any]]]:
-    """What ``sample_clip`` costs where sample counts honestly differ most: the thesis grid's
-    ``quantity`` scenario (quantity Dirichlet 0.5; thesis setting, 1 local epoch), every
-    count-weighted aggregator trusting the counts and with each of :data:`SAMPLE_CLIPS`, same
-    seeds."""
-    from fedbalance_benchmarks.thesis import FULL as THESIS_FULL
-    from fedbalance_benchmarks.thesis import QUICK as THESIS_QUICK
-
-    base = dict(THESIS_QUICK if opts["quick"] else THESIS_FULL, local_epochs=1)
-    base.update(dataset=opts["dataset"], quick=opts["quick"])
-    runs_dir = Path(opts["runs_dir"]) / "quantity"
-    jobs, meta = [], []
-    for agg in ("fedavg", "fedavgm", "fedloss_n"):
-        for clip in (None, *SAMPLE_CLIPS):
-            for seed in range(opts["seeds"]):
-                cfg = thesis_run_config("quantity", agg, seed, base)
-                cfg["aggregator_args"] = {**cfg["aggregator_args"], "sample_clip": clip}
-                out = runs_dir / path_slug(agg, f"sample_clip_{clip}") / f"seed{seed}"
-                jobs.append((cfg, out))
-                meta.append((agg, clip, seed, out))
-    run_jobs(jobs, opts["workers"], "quantity")
-    curves: dict[tuple[str, float | None], list[dict[str, Any]]] = {}
-    for agg, clip, seed, out in meta:
-        rows = read_metrics(out)
-        evals = [r for r in rows if "test_accuracy" in r]
-        curves.setdefault((agg, clip), []).append(
-            {
-                "seed": seed,
-                "final": evals[-1]["test_accuracy"],
-                "best": max(r["test_accuracy"] for r in evals),
-                "weights": [r["weights"] for r in rows],
-            }
-        )
-    rows_out, summary = [], []
-    for agg in ("fedavg", "fedavgm", "fedloss_n"):
-        free = curves[(agg, None)]
-        finals_free = [r["final"] for r in free]
-        sd = 100 * (statistics.pstdev(finals_free) if len(finals_free) > 1 else 0.0)
-        for clip in (None, *SAMPLE_CLIPS):
-            runs = curves[(agg, clip)]
-            # How much weight the bound moved, round by round (same seed: same clients in the
-            # same order): total variation between the two runs' weight vectors.
-            moved = [
-                0.5 * sum(abs(x - y) for x, y in zip(wf, wc, strict=True))
-                for f, c in zip(free, runs, strict=True)
-                for wf, wc in zip(f["weights"], c["weights"], strict=True)
-            ]
-            finals = [r["final"] for r in runs]
-            delta = 100 * (statistics.mean(finals) - statistics.mean(finals_free))
-            row = {
-                "aggregator": agg,
-                "sample_clip": clip,
-                "final": mean_std(finals),
-                "best": mean_std([r["best"] for r in runs]),
-                "delta": delta,
-                "std_trusting": sd,
-                "rounds_moved": sum(m > 1e-9 for m in moved) / len(moved),
-                "mean_moved": statistics.mean(moved),
-            }
-            summary.append(row)
-            rows_out.append(
-                [
-                    agg,
-                    "- (trusting)" if clip is None else f"{clip:g}",
-                    row["final"],
-                    row["best"],
-                    "-" if clip is None else f"{delta:+.2f}",
-                    "-" if clip is None else ("yes" if abs(delta) <= sd else "no"),
-                    "-" if clip is None else f"{100 * row['rounds_moved']:.0f} %",
-                    "-" if clip is None else f"{row['mean_moved']:.3f}",
-                ]
-            )
-    return rows_out, summary
-
-
-QUANTITY_HEADER = [
-    "aggregator",
-    "sample_clip",
-    "final acc %",
-    "best acc %",
-    "Δ final vs trusting (points)",
-    "|Δ| ≤ std of trusting",
-    "rounds where weights moved",
-    "weight moved per round (mean)",
-]
-
-
 def plot(summary: list[dict[str, Any]], out: Path) -> None:
     import matplotlib
 
@@ -710,17 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         + "\n\n## Bad input (through `fedbalance`; exit status 2 is a usage error)\n\n"
         + markdown_table(["input", "exit", "result", "message"], bad)
         + "\n\n## Astraea: one client lies about its label counts (plan only, seed 0)\n\n"
-        + markdown_table(
-            [
-                "lie (client 0)",
-                "plan rule",
-                "augment (honest)",
-                "augment (with lie)",
-                "rad of that class",
-                "max abs Δ rad",
-            ],
-            lies,
-        )
+        + markdown_table(ASTRAEA_LIES_HEADER, lies)
         + "\n"
     )
     hostile_report = out_dir / "hostile_input.md"  # `fedbalance bench hostile` writes it
