@@ -28,6 +28,11 @@ import numpy as np
 Layout = list[tuple[str, tuple[int, ...], str]]
 
 
+def numel(layout: Layout) -> int:
+    """Elements of every tensor of ``layout``."""
+    return sum(int(np.prod(shape)) for _, shape, _ in layout)
+
+
 def float_numel(layout: Layout) -> int:
     """Elements of the floating-point tensors (what a flat, serialised client carries)."""
     return sum(int(np.prod(shape)) for _, shape, dtype in layout if dtype.startswith("float"))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedbalance_benchmarks.perf_aggregate import main, repeat_ratios
+from fedbalance_benchmarks.perf_aggregate import main
+from fedbalance_benchmarks.perf_aggregate_report import repeat_ratios
 
 
 def test_a_ratio_pairs_the_times_of_one_repeat() -> None:
