@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from fedbalance_benchmarks._runs import mean_std, path_slug, read_metrics, run_jobs
+from fedbalance_benchmarks.thesis import FULL as THESIS_FULL
+from fedbalance_benchmarks.thesis import QUICK as THESIS_QUICK
 from fedbalance_benchmarks.thesis import run_config as thesis_run_config
 
 #: The sample_clip values measured: no margin, and a margin honest quantity skew rarely reaches.
@@ -24,9 +26,6 @@ def quantity_cost(opts: dict[str, Any]) -> tuple[list[list[str]], list[dict[str,
     ``quantity`` scenario (quantity Dirichlet 0.5; thesis setting, 1 local epoch), every
     count-weighted aggregator trusting the counts and with each of :data:`SAMPLE_CLIPS`, same
     seeds."""
-    from fedbalance_benchmarks.thesis import FULL as THESIS_FULL
-    from fedbalance_benchmarks.thesis import QUICK as THESIS_QUICK
-
     base = dict(THESIS_QUICK if opts["quick"] else THESIS_FULL, local_epochs=1)
     base.update(dataset=opts["dataset"], quick=opts["quick"])
     runs_dir = Path(opts["runs_dir"]) / "quantity"
