@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,34 @@ def watch(
             found = stop(p)
             if helpers is not None:
                 helpers.update(found)
+
+
+def wait_listening(
+    ip: str,
+    port: int,
+    timeout: float,
+    poll: float = 0.2,
+    proc: subprocess.Popen[bytes] | None = None,
+    waiting: Callable[[], None] | None = None,
+) -> str | None:
+    """Wait until ``ip:port`` accepts connections: ``None`` then, else why the wait ended --
+    ``proc`` (the process that should listen) ended (:func:`exit_reason`), or ``timeout``
+    seconds passed. ``waiting`` is called once, when the first try fails. The caller words
+    the error around the reason."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((ip, port), timeout=2):
+                return None
+        except OSError:
+            if proc is not None and proc.poll() is not None:
+                return exit_reason(proc.returncode)
+            if time.monotonic() > deadline:
+                return f"did not listen on {ip}:{port} within {timeout:g} s"
+            if waiting is not None:
+                waiting()
+                waiting = None
+            time.sleep(poll)
 
 
 #: Where :func:`free_ports` looks when the kernel's ephemeral range cannot be read (Linux's

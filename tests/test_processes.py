@@ -1,12 +1,15 @@
-"""The one supervisor of a run's processes (``fl_adapters.processes.watch``), on real processes."""
+"""The one supervisor of a run's processes (``fl_adapters.processes.watch``) and the one wait
+for a server's port (``wait_listening``), on real processes and sockets."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
 import time
 
-from fl_adapters.processes import watch
+from fl_adapters.processes import free_ports, wait_listening, watch
 
 
 def python(code: str) -> subprocess.Popen[bytes]:
@@ -74,3 +77,33 @@ def test_until_ends_the_run_with_its_client_and_stops_the_servers_and_their_help
     while alive(helper) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(helper)
+
+
+def test_the_wait_for_a_port_ends_when_it_listens_and_says_once_that_it_waits() -> None:
+    (port,) = free_ports(1)
+    waits: list[float] = []
+    with socket.socket() as server:
+
+        def listen() -> None:
+            time.sleep(0.5)
+            server.bind(("127.0.0.1", port))
+            server.listen()
+
+        threading.Thread(target=listen).start()
+        assert wait_listening("127.0.0.1", port, 30, 0.05, waiting=lambda: waits.append(1)) is None
+        assert waits == [1]  # once, though it tried several times
+        assert wait_listening("127.0.0.1", port, 30, waiting=lambda: waits.append(1)) is None
+        assert waits == [1]  # listening at the first try: no wait to report
+
+
+def test_the_wait_for_a_port_names_a_dead_server_or_the_deadline() -> None:
+    (port,) = free_ports(1)
+    dead = python("raise SystemExit(3)")
+    assert wait_listening("127.0.0.1", port, 30, 0.05, proc=dead) == "exited with code 3"
+    slow = python("import time; time.sleep(60)")
+    try:
+        why = wait_listening("127.0.0.1", port, 0.3, 0.05, proc=slow)
+        assert why == f"did not listen on 127.0.0.1:{port} within 0.3 s"
+    finally:
+        slow.kill()
+        slow.wait()

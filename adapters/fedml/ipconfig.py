@@ -17,12 +17,12 @@ import os
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 # Moved to the host-free module (the Flower runner uses it too); kept importable from here.
 from fl_adapters.processes import free_ports as free_ports
+from fl_adapters.processes import wait_listening
 from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
@@ -165,23 +165,20 @@ def wait_for_server(args: Any, poll: float = 0.5) -> None:
     path = args.grpc_ipconfig_path
     ip, port = read_ipconfig(path)[0]
     limit = float(getattr(args, "grpc_server_wait", 600) or 600)
-    deadline = time.monotonic() + limit
-    logged = False
-    while True:
-        try:
-            with socket.create_connection((ip, port), timeout=2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"silo rank {getattr(args, 'rank', '?')}: the server (rank 0 in {path}, "
-                    f"{ip}:{port}) did not accept connections within {limit:.0f} s; start it "
-                    "with --rank 0 --role server, or check its address in the file"
-                ) from None
-            if not logged:
-                log.info("fedbalance: waiting for the FedML server at %s:%d (%s)", ip, port, path)
-                logged = True
-            time.sleep(poll)
+    why = wait_listening(
+        ip,
+        port,
+        limit,
+        poll,
+        waiting=lambda: log.info(
+            "fedbalance: waiting for the FedML server at %s:%d (%s)", ip, port, path
+        ),
+    )
+    if why is not None:
+        raise TimeoutError(
+            f"silo rank {getattr(args, 'rank', '?')}: the server (rank 0 in {path}) {why}; "
+            "start it with --rank 0 --role server, or check its address in the file"
+        )
 
 
 def expect_silos(manager: Any) -> None:

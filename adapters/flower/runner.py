@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -36,12 +35,12 @@ from fl_adapters.experiment import check, run_summary
 from fl_adapters.flower import checkpoint
 from fl_adapters.flower.config import CHECKPOINT_KEY, EVAL_EVERY_KEY, EVAL_FRACTION_KEY, RESUME_KEY
 from fl_adapters.processes import (
-    exit_reason,
     free_ports,
     kill_all,
     matching,
     start_logged,
     stop,
+    wait_listening,
     watch,
 )
 from fl_adapters.rundir import RunFiles
@@ -71,23 +70,6 @@ def _bin(name: str) -> str:
     """A Flower command of this interpreter's environment (the venv that has flwr)."""
     path = Path(sys.executable).parent / name
     return str(path) if path.exists() else name
-
-
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float, who: str) -> None:
-    """Until ``IP:port`` accepts connections; an error if ``proc`` dies or time runs out."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((IP, port), timeout=1):
-                return
-        except OSError:
-            if proc.poll() is not None:
-                raise DeploymentFailed(f"{who} {exit_reason(proc.returncode)}") from None
-            if time.monotonic() > deadline:
-                raise DeploymentFailed(
-                    f"{who} did not listen on {IP}:{port} within {timeout:.0f} s"
-                ) from None
-            time.sleep(0.2)
 
 
 def run_deployment(
@@ -147,7 +129,9 @@ def run_deployment(
             [_bin("flower-superlink"), "--insecure", "--host", IP, "--port", str(port),
              "--disable-runtime-dependency-installation"],
         )  # fmt: skip
-        wait_for_port(port, link, min(60.0, timeout), "flower-superlink")
+        why = wait_listening(IP, port, min(60.0, timeout), proc=link)
+        if why is not None:
+            raise DeploymentFailed(f"flower-superlink {why}")
         for i, node_port in enumerate(node_ports):
             start(
                 f"supernode {i}",
