@@ -285,10 +285,8 @@ def test_a_silo_waits_for_the_server_then_gives_up_naming_the_file(tmp_path: Pat
     port = int(Path(args.grpc_ipconfig_path).read_text().splitlines()[1].split(",")[3])
     with pytest.raises(TimeoutError) as info:
         wait_for_server(args, poll=0.1)
-    assert (
-        f"the server (rank 0 in {args.grpc_ipconfig_path}) did not listen on 127.0.0.1:{port}"
-        in (str(info.value))
-    )
+    said = f"the server (rank 0 in {args.grpc_ipconfig_path}) did not listen on 127.0.0.1:{port}"
+    assert said in str(info.value)
     with socket.socket() as server:  # the server comes up half a second later: the silo goes on
 
         def listen() -> None:

@@ -81,7 +81,7 @@ def test_until_ends_the_run_with_its_client_and_stops_the_servers_and_their_help
 
 def test_the_wait_for_a_port_ends_when_it_listens_and_says_once_that_it_waits() -> None:
     (port,) = free_ports(1)
-    waits: list[float] = []
+    waits: list[int] = []
     with socket.socket() as server:
 
         def listen() -> None:
