@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,15 +269,28 @@ def restore_sampler(rng: Any, state: list[int] | None) -> None:
         rng.setstate((state[0], tuple(state[1:]), None))
 
 
-def resume_hint(out_dir: Path) -> str:
-    """For a stopped run's error message: its checkpoint's round and how to resume, or that
-    no round had completed."""
+def resume_hint(out_dir: Path, *logs: Path) -> str:
+    """For a stopped run's error message: why it stopped when one of ``logs`` says the run
+    learned nothing (:class:`~fl_aggregators.NothingAggregated`), then its checkpoint's round
+    and how to resume, or that no round had completed."""
+    cause = next(filter(None, map(nothing_aggregated, logs)), None)
+    stop = f"; it stopped because {cause}" if cause else ""
     path = out_dir / NAME
     try:
         done = Checkpoint.load(path).round
     except CheckpointError:
-        return "; no round had completed, so there is no checkpoint"
-    return f"; {path} holds round {done}: `fedbalance run --resume` continues from it"
+        return f"{stop}; no round had completed, so there is no checkpoint"
+    return f"{stop}; {path} holds round {done}: `fedbalance run --resume` continues from it"
+
+
+def nothing_aggregated(log: Path) -> str | None:
+    """The last :class:`~fl_aggregators.NothingAggregated` message in the log at ``log``."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.findall(r"NothingAggregated: (.+)", text)
+    return found[-1].strip() if found else None
 
 
 def recording_to(path: Path) -> contextlib.AbstractContextManager[None]:

@@ -269,7 +269,10 @@ class Registry:
         """Instantiate the aggregator registered as ``name`` with keyword arguments.
 
         An argument the aggregator does not take is a ``ParameterError`` naming the allowed ones.
+        :data:`STOP_AFTER_KEY` is taken for every aggregator: the run's limit on skipped rounds
+        in a row (:meth:`~fl_aggregators.Aggregator.stop_after_skipped`).
         """
+        stop_after = kwargs.pop(STOP_AFTER_KEY, None)
         cls = self.aggregator(name)
         params = inspect.signature(cls).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -280,10 +283,14 @@ class Registry:
             if unknown:
                 raise ParameterError(
                     f"aggregator_args: unknown argument(s) {', '.join(map(repr, unknown))} for "
-                    f"aggregator {name!r}; allowed: {', '.join(allowed) or '(none)'}"
+                    f"aggregator {name!r}; allowed: {', '.join(allowed) or '(none)'} (and "
+                    f"{STOP_AFTER_KEY}, the run's, for every aggregator)"
                 )
         with self._plugin_parameters("aggregators", name):
-            return cls(**kwargs)
+            agg = cls(**kwargs)
+        if stop_after is not None:
+            agg.stop_after_skipped(stop_after)
+        return agg
 
     @contextlib.contextmanager
     def _plugin_parameters(self, kind: str, name: Any) -> Iterator[None]:
@@ -305,10 +312,17 @@ class Registry:
         return {kind: [i.as_dict() for i in self.infos(kind)] for kind in KINDS}
 
 
+#: The aggregator argument every aggregator takes: skipped rounds in a row before the run stops.
+STOP_AFTER_KEY = "max_skipped_rounds"
+
+
 def build_aggregator(aggregator: Any, args: Mapping[str, Any] | None = None) -> Any:
     """The one way every host gets its aggregator: an ``Aggregator`` instance as given, or
     the plugin registered as ``aggregator`` built with ``args`` (an unknown name is an
-    :class:`UnknownPluginError`, a refused argument a ``ParameterError``)."""
+    :class:`UnknownPluginError`, a refused argument a ``ParameterError``).
+
+    ``max_skipped_rounds`` in ``args`` is the run's, for any aggregator: the skipped rounds in
+    a row after which the run stops (:class:`~fl_aggregators.NothingAggregated`)."""
     from fl_aggregators import Aggregator
 
     if isinstance(aggregator, Aggregator):

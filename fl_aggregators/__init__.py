@@ -1,7 +1,7 @@
 """Server-side aggregation for federated learning (torch; no FL framework imported)."""
 
 from fl_aggregators.astraea import Astraea
-from fl_aggregators.base import AggregationResult, Aggregator, Rejection
+from fl_aggregators.base import AggregationResult, Aggregator, NothingAggregated, Rejection
 from fl_aggregators.fedavg import FedAvg
 from fl_aggregators.fedavgm import FedAvgM
 from fl_aggregators.fedloss import FedLoss
@@ -29,6 +29,7 @@ __all__ = [
     "FedLoss",
     "FedLossN",
     "FedMedian",
+    "NothingAggregated",
     "Params",
     "Rejection",
 ]

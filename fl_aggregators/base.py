@@ -11,7 +11,11 @@ parameters. :meth:`Aggregator.aggregate` does what is common to all of them:
    combines again (non-finite inputs are found from the output, so honest rounds pay no extra
    pass over the parameters; the compiled kernels report it while writing the output);
 4. if no client is left, keeps the global model unchanged and reports the round as skipped;
-5. records the aggregation (see :mod:`fl_aggregators.record`).
+5. records the aggregation (see :mod:`fl_aggregators.record`);
+6. after :attr:`Aggregator.max_skipped_rounds` skipped rounds in a row, raises
+   :class:`NothingAggregated`: a run whose every round keeps the model learns nothing, and
+   must end as a failure naming why, not as a success (every host aggregates through here,
+   so the rule is the same on FedLab, FedML and Flower).
 
 Under secure aggregation the server never holds a client's model, only the sum of what the
 clients masked. An aggregator whose result is ``step(sum_i w_i x_i)`` with weights computed from
@@ -41,9 +45,20 @@ from fl_aggregators._tensors import placed_like, rebuild, structure_mismatch, te
 from fl_aggregators.functional import all_finite_many
 from fl_aggregators.record import record
 from fl_aggregators.update import ClientUpdate, Params
-from fl_partitions.params import ParameterError, shown
+from fl_partitions.params import FedbalanceError, ParameterError, check_int_range, shown
 
 log = logging.getLogger(__name__)
+
+
+#: Skipped rounds in a row after which an aggregator stops the run (a run whose clients all
+#: fail stops within this many rounds, not after all of them).
+MAX_SKIPPED_ROUNDS = 5
+#: The largest ``max_skipped_rounds`` taken (rounds are counted in ints; any larger is "never").
+MAX_SKIPPED_LIMIT = 1_000_000
+
+
+class NothingAggregated(FedbalanceError, RuntimeError):
+    """Raised when :attr:`Aggregator.max_skipped_rounds` rounds in a row aggregated nothing."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,11 @@ class Aggregator(ABC):
 
     def __init__(self) -> None:
         self.round = 0
+        #: Stop the run (:class:`NothingAggregated`) after this many skipped rounds in a row; a
+        #: run setting, not a parameter of the method (set by :meth:`stop_after_skipped`).
+        self.max_skipped_rounds = MAX_SKIPPED_ROUNDS
+        #: Skipped rounds since the last aggregated one (in this process).
+        self.skipped_in_a_row = 0
         #: When this aggregator was made (the host's server start): records carry the time since.
         self._started = time.monotonic()
         #: Recycles this aggregator's earlier outputs once the host has let go of them.
@@ -128,6 +148,39 @@ class Aggregator(ABC):
                 f"state must hold a non-negative int 'round', got {state.get('round')!r}"
             )
         self.round = int(state["round"])
+
+    def stop_after_skipped(self, rounds: Any) -> None:
+        """Stop the run after ``rounds`` skipped rounds in a row (1 to 10^6; see
+        :class:`NothingAggregated`)."""
+        self.max_skipped_rounds = check_int_range(
+            "max_skipped_rounds",
+            rounds,
+            1,
+            MAX_SKIPPED_LIMIT,
+            note="rounds in a row that aggregate nothing before the run stops",
+        )
+
+    def _watch_skips(self, result: AggregationResult) -> None:
+        """Count skipped rounds in a row; raise :class:`NothingAggregated` at the limit."""
+        if not result.skipped:
+            self.skipped_in_a_row = 0
+            return
+        self.skipped_in_a_row = getattr(self, "skipped_in_a_row", 0) + 1
+        limit = getattr(self, "max_skipped_rounds", MAX_SKIPPED_ROUNDS)
+        if self.skipped_in_a_row < limit:
+            return
+        first = self.round - self.skipped_in_a_row + 1
+        rounds = f"round {self.round}" if first == self.round else f"rounds {first}-{self.round}"
+        why = (
+            f"client {result.rejected[0].client}: {result.rejected[0].reason}"
+            if result.rejected
+            else "no client update arrived"
+        )
+        raise NothingAggregated(
+            f"{self.name}: {rounds} aggregated nothing ({self.skipped_in_a_row} in a row, "
+            f"max_skipped_rounds {limit}), so the run learns nothing; the last round's first "
+            f"cause: {why}"
+        )
 
     # -- the common path --------------------------------------------------------------------
     def check(self, global_params: Params, update: ClientUpdate) -> str | None:
@@ -223,6 +276,7 @@ class Aggregator(ABC):
             extra=self._take_extra(),
         )
         self._record(host, ids, updates, result, time.perf_counter() - started)
+        self._watch_skips(result)
         return result
 
     # -- secure aggregation -----------------------------------------------------------------
@@ -333,6 +387,7 @@ class Aggregator(ABC):
         self._record(
             host, list(weighing.clients), weighing.updates, result, time.perf_counter() - started
         )
+        self._watch_skips(result)
         return result
 
     def _record(

@@ -7,8 +7,12 @@ stop a run before training, the run state, client training with validation and a
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +28,7 @@ from fl_adapters.fedml.ipconfig import check_grpc
 from fl_adapters.fedml.payload import attach, decode, strip
 from fl_adapters.inputs import brief, check_tree
 from fl_adapters.registry import build_aggregator
-from fl_aggregators import Aggregator
+from fl_aggregators import Aggregator, NothingAggregated
 from fl_partitions.params import ParameterError, shown
 
 if TYPE_CHECKING:
@@ -219,10 +223,31 @@ def aggregate(model_list: list[tuple[Any, Any]], global_params: Any) -> OrderedD
     """fedbalance aggregation of FedML's ``[(sample_num, params), ...]``; returns clean params."""
     run = current()
     updates = [decode(n, params, f"#{i}") for i, (n, params) in enumerate(model_list)]
-    params = run.aggregator.aggregate(clean_params(global_params), updates, host=run.host).params
+    with ending_the_job(run):
+        result = run.aggregator.aggregate(clean_params(global_params), updates, host=run.host)
+    params = result.params
     if isinstance(params, torch.Tensor):  # cannot happen for a state dict input
         raise ParameterError("FedML parameters must be a state dict")
     return OrderedDict(params.items())
+
+
+@contextlib.contextmanager
+def ending_the_job(run: RunState) -> Iterator[None]:
+    """A run that learns nothing (:class:`~fl_aggregators.NothingAggregated`) ends the FedML job.
+
+    In the sp simulation the error simply propagates. In MPI and cross-silo the server
+    aggregates inside FedML's message loop, where an exception leaves every process waiting
+    forever: the server says why on stderr and exits 1, and mpirun (or fedbalance's supervisor)
+    stops the rest, as for any dead rank.
+    """
+    try:
+        yield
+    except NothingAggregated as e:
+        if run.host == "fedml-sp":
+            raise
+        log.error("fedbalance: FedML %s server stops the job: %s", run.host, e)
+        print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 def clean_params(params: Any) -> OrderedDict[str, Any]:

@@ -161,7 +161,7 @@ def run_fedml(
             if failed.who is not None
             else f"FedML: {failed} (stopped after {progress(config, files)})"  # the deadline
         )
-        raise RunFailed(f"{what}; see {log_path}{resume_hint(out_dir)}")
+        raise RunFailed(f"{what}; see {log_path}{resume_hint(out_dir, log_path)}")
     return collect(config, files, elapsed_s=time.monotonic() - started)
 
 
@@ -219,7 +219,7 @@ def run_grpc(
         raise RunFailed(
             f"FedML cross-silo over gRPC: {failed} after "
             f"{progress(config, files)}; every other process was "
-            f"stopped. See {logs[dead]}{resume_hint(out_dir)}"
+            f"stopped. See {logs[dead]}{resume_hint(out_dir, *logs.values())}"
         )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_adapters.fedml.adapter import clean_params, current
+from fl_adapters.fedml.adapter import clean_params, current, ending_the_job
 from fl_adapters.fedml.payload import strip
 from fl_aggregators import ClientUpdate
 
@@ -97,13 +97,14 @@ def reconstruct(self: Any, original: Any, first: Any, second: Any) -> Any:
     weighing, run.lsa_weighing = run.lsa_weighing, None
     if weighing is None:
         raise RuntimeError("LightSecAgg unmasked a round fedbalance never weighed")
-    result = run.aggregator.finish(
-        previous,
-        OrderedDict((k, torch.as_tensor(v, dtype=torch.float64)) for k, v in summed.items()),
-        weighing,
-        host=run.host,
-        protocol=PROTOCOL,
-    )
+    with ending_the_job(run):
+        result = run.aggregator.finish(
+            previous,
+            OrderedDict((k, torch.as_tensor(v, dtype=torch.float64)) for k, v in summed.items()),
+            weighing,
+            host=run.host,
+            protocol=PROTOCOL,
+        )
     params = OrderedDict(result.params.items())
     self.set_global_model_params(params)
     return params
