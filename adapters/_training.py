@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import numbers
 import os
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -69,22 +71,96 @@ def evaluated_clients(num_clients: int, fraction: float, seed: int, round_number
     return sorted(rng.sample(range(num_clients), size))
 
 
+#: Key pairs a dict sample or batch is read by when no ``keys`` are given: Flower Datasets'
+#: image sets (``quickstart-pytorch``'s CIFAR-10 and MNIST), and plain ``x``/``y``.
+KNOWN_KEYS: tuple[tuple[str, str], ...] = (("img", "label"), ("image", "label"), ("x", "y"))
+#: What a batch may be, said once wherever one is refused.
+BATCH_FORMS = (
+    "an (inputs, labels) pair, or a dict with the inputs and labels under keys such as "
+    + ", ".join(f"{x!r}/{y!r}" for x, y in KNOWN_KEYS)
+    + " (other names: keys=(INPUTS, LABELS))"
+)
+
+
+def find_keys(sample: Mapping[str, Any], keys: tuple[str, str] | None = None) -> tuple[str, str]:
+    """The (inputs, labels) keys of a dict sample: ``keys`` when given, else the first pair of
+    :data:`KNOWN_KEYS` it holds; a :class:`ParameterError` naming its keys otherwise."""
+    pairs = [keys] if keys is not None else KNOWN_KEYS
+    for pair in pairs:
+        if all(k in sample for k in pair):
+            return pair
+    wanted = f"keys {keys!r}" if keys is not None else BATCH_FORMS
+    raise ParameterError(
+        f"a dict sample with keys {sorted(map(str, sample))[:10]} has no inputs and labels: "
+        f"expected {wanted}"
+    )
+
+
+def as_xy(batch: Any, keys: tuple[str, str] | None = None) -> tuple[Any, Any]:
+    """``(inputs, labels)`` of one batch (or sample): a pair as it is, a dict by its keys."""
+    if isinstance(batch, Mapping):
+        kx, ky = find_keys(batch, keys)
+        return batch[kx], batch[ky]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise ParameterError(f"a batch must be {BATCH_FORMS}; got {type(batch).__name__}")
+
+
+def check_sample(data: Any, keys: tuple[str, str] | None = None) -> None:
+    """Refuse ``data`` (a dataset or ``DataLoader``) whose first sample is no (inputs, labels)
+    pair of tensors, numbers or arrays: one :class:`ParameterError` naming what it holds, before
+    any training, instead of a failure deep in the first batch."""
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    get = getattr(data, "get_batch", None)
+    try:
+        if len(data) == 0:
+            return
+        sample = get(np.arange(1)) if get is not None else data[0]
+    except (TypeError, IndexError, KeyError):
+        return  # an iterable-style dataset: its first batch says it
+    x, y = as_xy(sample, keys)
+    for what, value in (("inputs", x), ("labels", y)):
+        if not isinstance(value, (torch.Tensor, np.ndarray, numbers.Number)):
+            raise ParameterError(
+                f"the samples' {what} are {type(value).__name__}, not tensors: give a dataset "
+                f"or DataLoader whose samples are {BATCH_FORMS}, with tensors (e.g. a "
+                "ToTensor transform, or Flower Datasets' with_transform)"
+            )
+
+
+def num_samples(data: Any) -> int:
+    """The samples in ``data``: a dataset's length, or a ``DataLoader``'s dataset's (its own
+    ``len`` counts batches)."""
+    if isinstance(data, DataLoader):
+        # what it draws from: the sampler its batches are made of (a custom one may skip rows)
+        sampler = getattr(data.batch_sampler, "sampler", data.sampler)
+        return len(sampler)  # type: ignore[arg-type]
+    return len(data)
+
+
 def batches(
-    dataset: Dataset[Any],
+    data: Any,
     batch_size: int,
     *,
     shuffle: bool = False,
     generator: torch.Generator | None = None,
+    keys: tuple[str, str] | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Mini-batches of ``dataset``: vectorised when it has ``get_batch``, else a DataLoader."""
-    n = len(dataset)  # type: ignore[arg-type]
-    get = getattr(dataset, "get_batch", None)
-    if get is None:
-        yield from DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator)
-        return
-    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-    for start in range(0, n, batch_size):
-        yield get(order[start : start + batch_size].numpy())
+    """``(inputs, labels)`` mini-batches of ``data``: a ``DataLoader`` as it batches (its own
+    batch size and order), a dataset with ``get_batch`` vectorised, any other dataset through a
+    ``DataLoader``. Dict batches are read by ``keys`` (see :func:`as_xy`)."""
+    if isinstance(data, DataLoader):
+        source: Any = data
+    elif (get := getattr(data, "get_batch", None)) is not None:
+        n = len(data)
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        source = (get(order[s : s + batch_size].numpy()) for s in range(0, n, batch_size))
+    else:
+        source = DataLoader(data, batch_size=batch_size, shuffle=shuffle, generator=generator)
+    for batch in source:
+        x, y = as_xy(batch, keys)
+        yield torch.as_tensor(x), torch.as_tensor(y)
 
 
 def device_of(model: nn.Module) -> torch.device:
@@ -134,19 +210,24 @@ def local_train(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, datasets: Dataset[Any] | Sequence[Dataset[Any]], batch_size: int = 1024
+    model: nn.Module,
+    datasets: Any,
+    batch_size: int = 1024,
+    *,
+    keys: tuple[str, str] | None = None,
 ) -> tuple[float, float, int]:
     """Mean cross-entropy loss, accuracy and sample count of ``model`` over ``datasets``.
 
-    Several datasets (e.g. every client's test split) count as their union, so the result is
-    weighted by their sizes.
+    A dataset or ``DataLoader`` (of pairs or dicts, see :func:`batches`), or a list of them
+    (e.g. every client's test split), which count as their union, so the result is weighted by
+    their sizes.
     """
     model.eval()
     loss_sum, correct, n = 0.0, 0, 0
     criterion = nn.CrossEntropyLoss(reduction="sum")
     device = device_of(model)
     for ds in datasets if isinstance(datasets, (list, tuple)) else [datasets]:
-        for x, y in batches(ds, batch_size):  # type: ignore[arg-type]
+        for x, y in batches(ds, batch_size, keys=keys):
             x, y = x.to(device), y.to(device)
             out = model(x)
             loss_sum += float(criterion(out, y))

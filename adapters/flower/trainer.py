@@ -5,11 +5,15 @@ FedLoss needs each client's loss on a held-out validation split after local trai
 FedML's trainers hold that split out themselves; on Flower the user's ClientApp calls
 :func:`train_reply`, which does the same around the user's own training function.
 
-``data`` is either the client's whole dataset, split here with
+``data`` is either the client's whole data, split here with
 :func:`fl_partitions.partition.local_splits` (the split fedbalance partitions use, seeded by
 the run config's ``seed`` and the node's ``partition-id``), or a mapping with the ``"train"``
-and ``"val"`` datasets already split (e.g. a fedbalance :class:`~fl_partitions.Partition`'s
-``splits``, as FedLab's :class:`~fl_adapters.fedlab.PartitionedDataset` serves them).
+and ``"val"`` data already split (e.g. a fedbalance :class:`~fl_partitions.Partition`'s
+``splits``, as FedLab's :class:`~fl_adapters.fedlab.PartitionedDataset` serves them). Data is
+a dataset or a ``DataLoader`` whose samples are ``(x, y)`` pairs or dicts, as Flower Datasets
+yields them (``{"img": ..., "label": ...}`` in Flower's ``quickstart-pytorch``; the keys are
+found, or given as ``keys=``). A ``DataLoader`` is split into ``DataLoader``s of the same
+batch size and collation, so the user's ``train_fn`` gets what it was written for.
 """
 
 from __future__ import annotations
@@ -22,9 +26,15 @@ import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from numpy.typing import NDArray
 from torch import nn
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 
-from fl_adapters._training import evaluate, stream_seed, training_clock
+from fl_adapters._training import (
+    check_sample,
+    evaluate,
+    num_samples,
+    stream_seed,
+    training_clock,
+)
 from fl_adapters.flower.config import SEED_KEY
 from fl_adapters.flower.payload import CLIENT_ID, METRICS, NUM_EXAMPLES, make_reply, to_state_dict
 from fl_partitions.params import ParameterError
@@ -69,27 +79,45 @@ def partition_id(context: Context) -> int | None:
 
 def client_splits(
     context: Context,
-    data: Dataset[Any] | Mapping[str, Dataset[Any]],
+    data: Any,
     split: Sequence[float] = DEFAULT_SPLIT,
-) -> Mapping[str, Dataset[Any]]:
-    """``data`` as ``{"train", "val", "test"}`` datasets (see the module docstring)."""
+) -> Mapping[str, Any]:
+    """``data`` as ``{"train", "val", "test"}`` datasets or ``DataLoader``s (see the module
+    docstring)."""
     if isinstance(data, Mapping):
         if "train" not in data:
             raise ParameterError(f"data must hold a 'train' dataset, got keys {sorted(data)}")
         return data
+    loader = data if isinstance(data, DataLoader) else None
+    dataset = loader.dataset if loader is not None else data
     seed = stream_seed("flower-split", context.run_config.get(SEED_KEY, 0), partition_id(context))
-    parts = local_split(len(data), seed=seed, split=split)  # type: ignore[arg-type]
-    return {name: Subset(data, ix.tolist()) for name, ix in parts.items()}
+    parts = local_split(len(dataset), seed=seed, split=split)  # type: ignore[arg-type]
+    subsets = {name: Subset(dataset, ix.tolist()) for name, ix in parts.items()}
+    if loader is None:
+        return subsets
+    shuffled = isinstance(loader.sampler, RandomSampler)
+    return {
+        name: DataLoader(
+            subset,
+            batch_size=loader.batch_size,
+            shuffle=shuffled and name == "train",
+            collate_fn=loader.collate_fn,
+            num_workers=loader.num_workers,
+            drop_last=loader.drop_last and name == "train",
+        )
+        for name, subset in subsets.items()
+    }
 
 
 def train_reply(
     msg: Message,
     context: Context,
     model: nn.Module,
-    data: Dataset[Any] | Mapping[str, Dataset[Any]],
+    data: Any,
     train_fn: TrainFn,
     *,
     split: Sequence[float] = DEFAULT_SPLIT,
+    keys: tuple[str, str] | None = None,
 ) -> Message:
     """Train ``model`` from the message's global model and reply as fedbalance's strategy reads.
 
@@ -97,27 +125,38 @@ def train_reply(
     ----------
     msg, context : the ClientApp's train message and context.
     model : a model of the global model's architecture (its weights are replaced).
-    data : the client's dataset, or its ``{"train", "val"}`` splits.
-    train_fn : the user's local training, ``train_fn(model, train_data)``.
-    split : train/validation/test fractions when ``data`` is one dataset.
+    data : the client's dataset or ``DataLoader``, or its ``{"train", "val"}`` splits (of
+        ``(x, y)`` pairs or dict samples, see the module docstring).
+    train_fn : the user's local training, ``train_fn(model, train_data)``; ``train_data`` is
+        of the kind ``data`` is (a ``DataLoader`` for a ``DataLoader``).
+    split : train/validation/test fractions when ``data`` is one dataset or loader.
+    keys : the (inputs, labels) keys of dict samples, when not one of
+        :data:`~fl_adapters._training.KNOWN_KEYS`.
 
     Returns
     -------
     Message
-        The reply: the trained model and a ``MetricRecord`` with ``num-examples``,
-        ``val_loss`` (when the validation split is not empty) and ``client-id`` (the node's
-        ``partition-id``).
+        The reply: the trained model and a ``MetricRecord`` with ``num-examples`` (samples, not
+        batches), ``val_loss`` (when the validation split is not empty) and ``client-id`` (the
+        node's ``partition-id``).
+
+    Raises
+    ------
+    ParameterError
+        Before training, when the samples are neither pairs nor dicts with known keys.
     """
     client = partition_id(context)
-    model.load_state_dict(global_state(msg))
     parts = client_splits(context, data, split)
+    val = parts.get("val")
+    check_sample(val if val is not None and num_samples(val) else parts["train"], keys)
+    model.load_state_dict(global_state(msg))
     with training_clock(client):
         trained = train_fn(model, parts["train"])
-    n = int(trained) if isinstance(trained, int) else len(parts["train"])  # type: ignore[arg-type]
-    val = parts.get("val")
+    n = trained if isinstance(trained, int) and not isinstance(trained, bool) else None
+    n = n if n is not None else num_samples(parts["train"])
     val_loss = None
-    if val is not None and len(val) > 0:  # type: ignore[arg-type]
-        val_loss = evaluate(model, val)[0]
+    if val is not None and num_samples(val) > 0:
+        val_loss = evaluate(model, val, keys=keys)[0]
     else:
         log.warning("client %s has an empty validation split; it reports no val_loss", client)
     return make_reply(msg, model.state_dict(), n, val_loss, client)
@@ -127,18 +166,22 @@ def evaluate_reply(
     msg: Message,
     context: Context,
     model: nn.Module,
-    data: Dataset[Any] | Mapping[str, Dataset[Any]],
+    data: Any,
     *,
     split: Sequence[float] = DEFAULT_SPLIT,
+    keys: tuple[str, str] | None = None,
 ) -> Message:
     """Loss and accuracy of the message's global model on the client's test split.
 
-    A client without test data replies ``num-examples`` 0 with loss and accuracy 0 (not NaN):
-    weight 0 then adds nothing to an average weighted by ``num-examples``, even Flower's own.
+    ``data``, ``split`` and ``keys`` as :func:`train_reply` takes them. A client without test
+    data replies ``num-examples`` 0 with loss and accuracy 0 (not NaN): weight 0 then adds
+    nothing to an average weighted by ``num-examples``, even Flower's own.
     """
     model.load_state_dict(global_state(msg))
     test = client_splits(context, data, split).get("test")
-    loss, acc, n = evaluate(model, test) if test is not None else (0.0, 0.0, 0)
+    if test is not None:
+        check_sample(test, keys)
+    loss, acc, n = evaluate(model, test, keys=keys) if test is not None else (0.0, 0.0, 0)
     if n == 0:
         log.warning(
             "client %s has an empty test split; it reports num-examples 0", partition_id(context)
