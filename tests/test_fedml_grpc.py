@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers import check_fedloss_records, records
-from test_fedml import EXAMPLE, MPIRUN, config, final_test_metrics
+from test_fedml import EXAMPLE, HOSTS, MPIRUN, config, final_test_metrics
 
 pytest.importorskip("fedml")
 pytest.importorskip("grpc")
@@ -66,15 +66,24 @@ def launch(
     cfg: Path,
     ranks: list[int],
     script: Path = EXAMPLE / "main.py",
+    *,
+    server_script: Path | None = None,
+    server_role: bool = True,
     **env: str,
 ) -> dict[int, subprocess.Popen[str]]:
-    """Each rank as its own process, silos before the server (FedML's silo waits for it)."""
+    """Each rank as its own process, silos before the server (FedML's silo waits for it).
+
+    ``server_script`` runs rank 0 (default: ``script``); ``server_role=False`` starts it as
+    FedML's ``run_server.sh`` does, with ``--rank 0`` and no ``--role``."""
     out = {}
     for rank in sorted(ranks, reverse=True):
         log = open(tmp_path / f"rank{rank}.log", "w")  # noqa: SIM115 (closed with the process)
-        role = "server" if rank == 0 else "client"
+        role = ["--role", "server" if rank == 0 else "client"]
+        if rank == 0 and not server_role:
+            role = []
+        path = server_script if rank == 0 and server_script is not None else script
         p = subprocess.Popen(
-            [sys.executable, str(script), "--cf", str(cfg), "--rank", str(rank), "--role", role],
+            [sys.executable, str(path), "--cf", str(cfg), "--rank", str(rank), *role],
             cwd=tmp_path,
             env={**os.environ, **ONE_THREAD, **env},
             stdout=log,
@@ -112,6 +121,27 @@ def test_grpc_cross_silo_aggregates_with_fedloss(tmp_path: Path, started: list) 
     assert len(final_test_metrics(server_log)) == 2  # FedML's server tested after each round
     for rank in (0, 1, 2):  # every process's receive loop waited instead of spinning
         assert QUIET in (tmp_path / f"rank{rank}.log").read_text(), rank
+
+
+@pytest.mark.slow
+def test_fedmls_own_cross_silo_scripts_and_launch_arguments_apply_fedloss(
+    tmp_path: Path, started: list
+) -> None:
+    """FedML's cross-silo example as its run_server.sh / run_client.sh start it (the server with
+    ``--rank 0`` alone), changed only by the YAML's aggregator line: every round applied."""
+    rec = tmp_path / "rec.jsonl"
+    procs = launch(
+        started,
+        tmp_path,
+        grpc_config(tmp_path),
+        [0, 1, 2],
+        HOSTS / "fedml_official_torch_client.py",
+        server_script=HOSTS / "fedml_official_torch_server.py",
+        server_role=False,
+        FEDBALANCE_RECORD=str(rec),
+    )
+    finish(procs, tmp_path)
+    check_fedloss_records(records(rec), "fedml-cross-silo", rounds=2)
 
 
 @pytest.mark.timeout(60)
@@ -244,12 +274,39 @@ def grpc_args(tmp_path: Path, ranks: int, **extra: object) -> SimpleNamespace:
     ids=["too-few-ranks", "too-many-ranks", "rank-not-listed", "role", "worker-num", "no-file"],
 )
 def test_ipconfig_mismatches_are_clear_errors(
-    tmp_path: Path, ranks: int, extra: dict[str, object], message: str
+    tmp_path: Path,
+    ranks: int,
+    extra: dict[str, object],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     args = grpc_args(tmp_path, ranks, **extra)
+    monkeypatch.setattr(sys, "argv", ["main.py", "--rank", str(args.rank), "--role", args.role])
     with pytest.raises(ValueError) as info:
         check_grpc(args)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["--rank", "0"], False),  # FedML's run_server.sh: the rank makes it the server
+        (["--rank", "0", "--role", "client"], True),  # written, and contradicting the rank
+        (["--rank", "0", "--role=client"], True),
+    ],
+    ids=["no-role", "role-client", "role=client"],
+)
+def test_rank_0_without_role_is_the_server_as_in_fedml(
+    tmp_path: Path, argv: list[str], refused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # fedml.init() leaves args.role at its default, 'client', whatever the launch said.
+    args = grpc_args(tmp_path, 3, rank=0, role="client")
+    monkeypatch.setattr(sys, "argv", ["torch_server.py", "--cf", "c.yaml", *argv])
+    if refused:
+        with pytest.raises(ValueError, match="--rank 0 --role client: rank 0 is the server"):
+            check_grpc(args)
+    else:
+        check_grpc(args)
 
 
 def test_ipconfig_header_and_rows_are_checked(tmp_path: Path) -> None:

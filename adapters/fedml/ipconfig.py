@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,14 @@ def require_grpcio() -> None:
         )
 
 
+def role_given(argv: Sequence[str]) -> bool:
+    """Whether the command line names ``--role``. FedML's own launch scripts start the server
+    with ``--rank 0`` alone: ``fedml.init()`` leaves ``args.role`` at its default ``client`` and
+    ``run_cross_silo_server()`` sets ``server`` only after it, where this check runs. So the
+    rank decides the role unless ``--role`` was written, and a written one must agree."""
+    return any(a == "--role" or a.startswith("--role=") for a in argv[1:])
+
+
 def check_grpc(args: Any) -> None:
     """Before round 1: grpcio is installed, the ipconfig lists ranks 0..worker_num, this rank
     among them, and this rank's port is free. Every message about the file names it."""
@@ -139,7 +148,7 @@ def check_grpc(args: Any) -> None:
             f"this process has --rank {rank}, which {path} does not list (ranks {expected})"
         )
     role = str(getattr(args, "role", ""))
-    if (rank == 0) != (role == "server"):
+    if role_given(sys.argv) and (rank == 0) != (role == "server"):
         raise ParameterError(
             f"--rank {rank} --role {role}: rank 0 is the server (--role server), every other "
             "rank a silo (--role client)"

@@ -1,0 +1,19 @@
+"""Shaped like FedML 0.9.6's cross-silo ``custom_data_and_model/torch_client.py``, launched as its
+``run_client.sh`` does: ``python torch_client.py --cf CFG --rank N --role client``. Data come
+from the example's offline loader instead of FedML's download; nothing here names fedbalance."""
+
+import sys
+from pathlib import Path
+
+import fedml
+from fedml.cross_silo import Client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "fedml_example"))
+import data  # noqa: E402  (the example's offline data module)
+
+if __name__ == "__main__":
+    args = fedml.init()
+    device = fedml.device.get_device(args)
+    dataset, output_dim = data.load(args)
+    model = data.model(args, output_dim)
+    Client(args, device, dataset, model).run()
