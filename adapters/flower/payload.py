@@ -136,16 +136,30 @@ def reply_to_update(msg: Message, *, with_params: bool = True) -> ClientUpdate:
     )
 
 
-def log_errors(server_round: int, replies: list[Message]) -> None:
-    """A warning for each reply that carries an error instead of content."""
-    for msg in replies:
-        if msg.has_error():
-            log.warning(
-                "round %s: node %s replied with an error: %s",
-                server_round,
-                msg.metadata.src_node_id,
-                msg.error.reason,
-            )
+def log_errors(
+    server_round: int, replies: list[Message], kind: str = "aggregate_train"
+) -> str | None:
+    """Flower's count of results and failures, a warning for each reply that carries an error
+    instead of content, and the first such error (``None``: none failed)."""
+    failed = [msg for msg in replies if msg.has_error()]
+    logging.getLogger("flwr").log(  # beside Flower's own count of evaluate replies
+        logging.WARNING if failed and len(failed) == len(replies) else logging.INFO,
+        "%s: Received %d results and %d failures (round %s)",
+        kind,
+        len(replies) - len(failed),
+        len(failed),
+        server_round,
+    )
+    for msg in failed:
+        log.warning(
+            "round %s: node %s replied with an error: %s",
+            server_round,
+            msg.metadata.src_node_id,
+            msg.error.reason,
+        )
+    if not failed:
+        return None
+    return f"node {failed[0].metadata.src_node_id} replied with an error: {failed[0].error.reason}"
 
 
 def content_order(msg: Message) -> tuple[bool, str]:

@@ -240,10 +240,11 @@ def run_flower(
     if config.framework == "flower-deployment":
         import fedbalance_benchmarks.flower_app as app  # its pyproject.toml ships with it
 
+        work = out_dir / "deployment"
         try:
             run_deployment(
                 Path(app.__file__).resolve().parent,
-                out_dir / "deployment",
+                work,
                 num_supernodes=config.num_clients,
                 run_config=[str(overrides)],
                 env=env,
@@ -251,6 +252,7 @@ def run_flower(
             )
         except DeploymentFailed as e:
             raise RunFailed(f"Flower deployment: {e}{resume_hint(out_dir)}") from e
+        log_path = work / "flwr-run.log"
     elif config.framework == "flower":
         argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
         argv += ["--num-supernodes", str(config.num_clients), "--run-config", str(overrides)]
@@ -258,9 +260,16 @@ def run_flower(
         proc = start_logged(argv, log_path, env={**os.environ, **env})  # Ray's in its group
         failed = watch([("the Flower simulation", proc)], timeout)  # stops Ray's too
         if failed is not None:
-            raise RunFailed(f"{failed} (log: {log_path}){resume_hint(out_dir)}")
+            raise RunFailed(f"{failed} (log: {log_path}){resume_hint(out_dir, log_path)}")
     else:
         raise ConfigError(f"framework must be flower or flower-deployment, got {config.framework}")
+    if not (out_dir / "app" / "summary.json").exists():
+        # `flwr run` exits 0 whatever the ServerApp did (and a simulation may too): the app's
+        # results are the proof it finished, its log says why not.
+        raise RunFailed(
+            f"Flower {config.framework}: the ServerApp ended without its results (log: "
+            f"{log_path}){resume_hint(out_dir, log_path)}"
+        )
     return collect(config, files, elapsed_s=time.monotonic() - started)
 
 

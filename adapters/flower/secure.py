@@ -68,7 +68,7 @@ from flwr.serverapp import Grid
 from fl_adapters.config import ConfigError
 from fl_adapters.flower.config import AGGREGATOR_KEY, WHERE
 from fl_adapters.flower.payload import log_errors, reply_to_update
-from fl_adapters.flower.strategy import FedBalanceStrategy
+from fl_adapters.flower.strategy import FedBalanceStrategy, failures_named
 from fl_aggregators import ClientUpdate
 from fl_partitions.params import ParameterError
 
@@ -142,7 +142,9 @@ class SecAggPlusStrategy(FedBalanceStrategy):
         if self.global_params is None or self._grid is None:
             raise RuntimeError("aggregate_train before configure_train: no global model")
         ok = [m for m in replies if not m.has_error()]
-        log_errors(server_round, replies)
+        failure = log_errors(server_round, replies)
+        if failure is not None:
+            self.last_failure = failure
         self.check_read_clients(replies)
         pairs = sorted(
             ((reply_to_update(m, with_params=False), m.metadata.src_node_id) for m in ok),
@@ -167,9 +169,15 @@ class SecAggPlusStrategy(FedBalanceStrategy):
         else:
             summed, survivors = self._secure_sum(server_round, chosen)
             dropped = [i for node, (i, _) in chosen.items() if node not in survivors]
-        result = self.aggregator.finish(
-            self.global_params, summed, weighing, dropped=dropped, host=self.host, protocol=PROTOCOL
-        )
+        with failures_named(failure):
+            result = self.aggregator.finish(
+                self.global_params,
+                summed,
+                weighing,
+                dropped=dropped,
+                host=self.host,
+                protocol=PROTOCOL,
+            )
         return self.conclude(server_round, updates, result)
 
     def _secure_sum(

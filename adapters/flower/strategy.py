@@ -16,10 +16,11 @@ Astraea with mediators or rebalancing runs in the subclass
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,11 @@ from fl_adapters.flower.payload import (
 )
 from fl_adapters.flower.sampling import NodeSampling
 from fl_adapters.registry import PluginError, build_aggregator, get_registry
-from fl_aggregators import AggregationResult, Aggregator
+from fl_aggregators import AggregationResult, Aggregator, NothingAggregated
 
 log = logging.getLogger(__name__)
+#: Flower's own logger: the strategy's banner goes where a ServerApp shows Flower's.
+flower_log = logging.getLogger("flwr")
 
 
 def make_aggregator(
@@ -173,10 +176,37 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
         self.wrapper: Any = None
         self._driver_known = False
         self._privacy_warned = False
+        #: Rounds of this process whose aggregation changed the model (none at the end of a
+        #: run that had rounds: :meth:`start` raises :class:`~fl_aggregators.NothingAggregated`).
+        self.rounds_aggregated = 0
+        #: The latest train reply that carried an error (named when the run learns nothing).
+        self.last_failure: str | None = None
 
     def summary(self) -> None:
-        log.info("fedbalance aggregator: %r (host %s, seed %s)", self.aggregator, HOST, self.seed)
-        super().summary()
+        """The banner Flower logs at ``start``: what is sampled and how replies are weighed.
+
+        ``FedAvg``'s own says "Weighted by: 'num-examples'", which here holds for the evaluation
+        metrics only: training is weighed by the aggregator.
+        """
+        agg = self.aggregator
+        reads = ", ".join(repr(m) for m in (*agg.required_metrics, "num-examples"))
+        flower_log.info("\t├──> fedbalance aggregator: %r (seed %s)", agg, self.seed)
+        flower_log.info(
+            "\t├──> Sampling: fraction train %.2f, evaluate %.2f; minimum nodes train %d, "
+            "evaluate %d, available %d",
+            self.fraction_train,
+            self.fraction_evaluate,
+            self.min_train_nodes,
+            self.min_evaluate_nodes,
+            self.min_available_nodes,
+        )
+        flower_log.info(
+            "\t├──> Train replies weighed by: fedbalance %r (reads %s)", agg.name, reads
+        )
+        flower_log.info("\t├──> Evaluate metrics weighted by: %r", self.weighted_by_key)
+        flower_log.info(
+            "\t└──> Stops after %d rounds in a row with nothing aggregated", agg.max_skipped_rounds
+        )
 
     def _messages(
         self,
@@ -270,7 +300,9 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
         """Aggregate round ``server_round``'s train replies; ends with :meth:`aggregated`."""
         if self.global_params is None:
             raise RuntimeError("aggregate_train before configure_train: no global model")
-        log_errors(server_round, replies)
+        failure = log_errors(server_round, replies)
+        if failure is not None:
+            self.last_failure = failure
         self.check_read_clients(replies)
         # Sorted by client: replies arrive in any order, and float sums in a fixed order make
         # the same seed give the same model bit for bit, in simulation and deployment alike.
@@ -278,9 +310,10 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
             (reply_to_update(msg) for msg in replies if not msg.has_error()),
             key=lambda u: (not isinstance(u.client_id, int), str(u.client_id).zfill(20)),
         )
-        result = self.aggregator.aggregate(
-            self.global_params, updates, round=server_round, host=self.host
-        )
+        with failures_named(failure):
+            result = self.aggregator.aggregate(
+                self.global_params, updates, round=server_round, host=self.host
+            )
         return self.conclude(server_round, updates, result)
 
     def conclude(
@@ -324,6 +357,7 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
     def aggregated(self, result: AggregationResult) -> None:
         """After every aggregation: keep the round's model and call ``on_round``."""
         self.round_params = self.global_params if result.skipped else dict(result.params)
+        self.rounds_aggregated += 0 if result.skipped else 1
         if self.on_round is not None:
             self.on_round(self, result)
 
@@ -389,6 +423,17 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
             evaluate_config=evaluate_config,
             evaluate_fn=None if evaluate_fn is None else self._evaluate_then_checkpoint,
         )
+        ran = num_rounds - self.round_offset
+        if ran > 0 and self.rounds_aggregated == 0:
+            raise NothingAggregated(
+                f"{self.aggregator.name}: none of the run's {ran} round(s) aggregated anything, "
+                "so the model is the initial one; "
+                + (
+                    f"the last failed reply: {self.last_failure}"
+                    if self.last_failure
+                    else "see the warnings above for each round's rejections"
+                )
+            )
         result = Result()
         params = self.round_params if self.round_params is not None else initial_arrays
         result.arrays = params if isinstance(params, ArrayRecord) else to_array_record(params)
@@ -448,6 +493,18 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
         for key, rows in self.history.items():
             rows.clear()
             rows.update({int(r): m for r, m in history.get(key, {}).items()})
+
+
+@contextlib.contextmanager
+def failures_named(failure: str | None) -> Iterator[None]:
+    """A :class:`~fl_aggregators.NothingAggregated` raised inside names the round's first failed
+    reply (the error a ClientApp raised is what the user must fix)."""
+    try:
+        yield
+    except NothingAggregated as e:
+        if failure is None:
+            raise
+        raise NothingAggregated(f"{e}; the round's first failed reply: {failure}") from e
 
 
 def strategy_from_run_config(

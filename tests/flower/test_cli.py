@@ -94,3 +94,27 @@ def test_eval_every_and_eval_fraction_pick_the_rounds_and_clients(
     assert [(r["clients"], r["weights"]) for r in rows] == [
         (r["clients"], r["weights"]) for r in every
     ]
+
+
+@pytest.mark.slow
+def test_fedbalance_run_on_flower_that_learns_nothing_exits_non_zero_naming_why(
+    tmp_path: Path,
+) -> None:
+    """Every client's model overflows (lr 1e30): the strategy stops after max_skipped_rounds,
+    and `fedbalance run` says why instead of exiting 0."""
+    config = {
+        **FEDAVGM,
+        "aggregator": "fedavg",
+        "aggregator_args": {"max_skipped_rounds": 2},
+        "optimizer": "sgd",
+        "lr": 1e30,
+        "rounds": 3,
+    }
+    done = fedbalance(tmp_path, config, "--no-progress")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert (
+        "it stopped because fedavg: rounds 1-2 aggregated nothing (2 in a row, max_skipped_rounds 2)"
+        in last
+    ), last
