@@ -23,13 +23,18 @@ TEST_WORKERS ?= 2
 # tests (tests/flower) run in a second venv. torch is hard-linked from $(VENV) (tests/stacks.py).
 FLOWER_VENV ?= .venv-flower
 FLOWER_PY   := $(FLOWER_VENV)/bin/python
+# The suite runs on the newest Flower fedbalance supports (1.42, $(FLOWER_VENV)) and a smoke lane
+# (the bundled app in both engines, SecAgg+) on the oldest (1.41).
+FLOWER_OLD_RELEASE := 1.41
+FLOWER_OLD_VENV ?= .venv-flower-$(FLOWER_OLD_RELEASE)
+FLOWER_OLD_PY   := $(FLOWER_OLD_VENV)/bin/python
 # The documentation's own environment: MkDocs (Material), mkdocstrings (reads the source, imports
 # nothing), Selenium for the browser test. Pinned so `make docs` builds the same site everywhere.
 DOCS_VENV ?= .venv-docs
 DOCS_SPEC := mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 mkdocstrings-python==2.0.11 \
 	mkdocs-autorefs==1.4.5 pymdown-extensions==13.1.2 griffelib==2.4.1 selenium==4.51.0 pytest==9.2.0 pytest-timeout==2.4.0
 
-.PHONY: setup setup-flower system-deps browser-deps demo test test-flower test-docs docs test-fast test-cuda fuzz lint bench-perf clean
+.PHONY: setup setup-flower setup-flower-oldest test-flower-oldest system-deps browser-deps demo test test-flower test-docs docs test-fast test-cuda fuzz lint bench-perf clean
 
 # Bytecode for the editable install's own modules: where PYTHONDONTWRITEBYTECODE is set (it is on
 # this project's machines), Python never caches it, so every process (each MPI rank, ClientApp,
@@ -82,6 +87,15 @@ setup-flower: $(FLOWER_VENV)/.installed
 $(FLOWER_VENV)/.installed: pyproject.toml tests/stacks.py $(VENV)/.torch
 	$(PY) tests/stacks.py flower $(FLOWER_VENV)
 	$(INSTALL) $(FLOWER_VENV) -e ".[flower,bench,dev]"
+	touch $@
+
+setup-flower-oldest: $(FLOWER_OLD_VENV)/.installed
+
+# The same, on the oldest Flower release fedbalance supports (its stack pins flwr 1.41.*, which
+# the extra's flwr>=1.41 keeps: installing fedbalance never changes the user's Flower).
+$(FLOWER_OLD_VENV)/.installed: pyproject.toml tests/stacks.py $(VENV)/.torch
+	$(PY) tests/stacks.py flower-oldest $(FLOWER_OLD_VENV)
+	$(INSTALL) $(FLOWER_OLD_VENV) -e ".[flower,bench,dev]"
 	touch $@
 
 $(DOCS_VENV)/.installed: Makefile
@@ -138,7 +152,7 @@ test:
 	( $(MAKE) --no-print-directory $(DOCS_VENV)/.installed > .side-setup.log 2>&1; \
 		echo $$? > .docs-setup.rc ) & \
 	$(MAKE) --no-print-directory -j2 system-deps $(VENV)/.torch || { wait; exit 1; }; \
-	( { $(MAKE) --no-print-directory test-flower; flower=$$?; \
+	( { $(MAKE) --no-print-directory test-flower test-flower-oldest; flower=$$?; \
 		until [ -e .setup.rc ] && [ -e .docs-setup.rc ]; do sleep 2; done; cat .side-setup.log; \
 		if [ "$$(cat .setup.rc)$$(cat .docs-setup.rc)" = 00 ]; then \
 			$(MAKE) -k --no-print-directory lint test-docs; rest=$$?; else rest=1; fi; \
@@ -161,6 +175,13 @@ test-flower: setup-flower
 	$(FLOWER_PY) -m mypy --follow-imports=silent adapters/flower benchmarks/flower_app benchmarks/perf_flower_overhead.py
 	$(FLOWER_PY) -m pytest tests/flower --durations=10 $(PYTEST_ARGS)
 
+# The smoke lane on the oldest supported Flower: its version check, the strategy on its messages,
+# and the runs marked smoke (the bundled app in both engines, SecAgg+).
+test-flower-oldest: setup-flower-oldest
+	FEDBALANCE_FLWR_RELEASE=$(FLOWER_OLD_RELEASE) $(FLOWER_OLD_PY) -m pytest \
+		tests/flower/test_environment.py tests/flower/test_strategy.py tests/flower/test_runs.py \
+		tests/flower/test_secure.py -m "smoke or not slow" --durations=5 $(PYTEST_ARGS)
+
 # Skips the slow end-to-end runs (real frameworks, real processes); CI runs everything.
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -180,4 +201,4 @@ bench-perf: setup
 	$(VENV)/bin/fedbalance bench perf-partition
 
 clean:
-	rm -rf $(VENV) $(FLOWER_VENV) $(DOCS_VENV) .venv-uv .venv-stacks runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(FLOWER_VENV) $(FLOWER_OLD_VENV) $(DOCS_VENV) .venv-uv .venv-stacks runs build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

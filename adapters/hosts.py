@@ -129,7 +129,7 @@ FLOWER = HostSpec(
     # Flower in its own environment: the simulation engine, or flower-superlink and one
     # flower-supernode per client on 127.0.0.1.
     frameworks=("flower", "flower-deployment"),
-    releases=("1.41",),
+    releases=("1.41", "1.42"),
     run=_run_flower,
     require=_require_flower,
     description="Flower: simulation and deployment engines (its own environment)",

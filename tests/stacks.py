@@ -46,16 +46,19 @@ RECIPES: dict[str, list[str]] = {
     "core": [],
     "fedlab": ["fedlab==1.3.0"],
     "fedml": ["fedml==0.9.6", "setuptools<81", "numpy<2", "protobuf<4"],
-    # Flower's own environment for tests/flower (`make test-flower`): flwr needs protobuf>=5,
-    # FedML 0.9.6 protobuf<4, so it can never be the test environment itself.
-    "flower": ["flwr[simulation]>=1.41,<1.42"],
+    # Flower's own environments for tests/flower: flwr needs protobuf>=5, FedML 0.9.6
+    # protobuf<4, so neither can be the test environment itself. `make test-flower` runs the
+    # suite on the newest release fedbalance supports, `make test-flower-oldest` the smoke
+    # lane on the oldest.
+    "flower": ["flwr[simulation]==1.42.*"],
+    "flower-oldest": ["flwr[simulation]==1.41.*"],
 }
 SHARED = ("torch", "torchvision")
 #: Stacks built beside the test environment's install (``make test``) link only these of the
 #: shared closure: torch, torchvision and the CUDA and Triton wheels torch requires at fixed
 #: versions or ranges that the rest of that install never replaces (nothing else asks for them).
 HEAVY = ("torch", "torchvision", "nvidia-", "cuda-", "triton")
-BESIDE_INSTALL = ("flower",)
+BESIDE_INSTALL = ("flower", "flower-oldest")
 PIP = ["-m", "pip", "--disable-pip-version-check", "-q"]
 
 

@@ -6,7 +6,9 @@ A block is runnable when the line before its fence is ``<!-- test: KIND -->``:
 - ``python``: run by this environment's Python in an empty directory;
 - ``shell``: run by ``bash -e`` in an empty directory, with this environment's ``bin`` first
   on ``PATH`` (so ``fedbalance`` is the checkout's);
-- ``run-config``: a ``fedbalance run`` config, checked with ``fedbalance run CFG --check``.
+- ``run-config``: a ``fedbalance run`` config, checked with ``fedbalance run CFG --check``;
+- ``flower-deployment``: a shell block run in Flower's environment, by
+  ``tests/flower/test_docs_deployment.py`` (this environment has no flwr).
 
 The site itself is built with ``--strict`` by ``make docs`` and opened in a browser by
 ``tests/docs_site`` (in ``.venv-docs``).
@@ -25,7 +27,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"<!-- test: ([a-z-]+) -->\n```[a-z]*\n(.*?)\n```", re.S)
-KINDS = {"python", "shell", "run-config"}
+KINDS = {"python", "shell", "run-config", "flower-deployment"}
+#: Kinds whose blocks run in another environment's suite, not here.
+ELSEWHERE = {"flower-deployment"}
 #: Markdown links and images whose target is a path, not a URL or an anchor.
 LINK = re.compile(r"!?\[[^\]]*\]\((?!https?://|#|mailto:)([^)#\s]+)(?:#[^)]*)?\)")
 
@@ -55,7 +59,10 @@ def test_runnable_blocks_are_found_in_the_readme_and_the_docs() -> None:
     assert any(name.startswith("README.md") for name, _, _ in BLOCKS)
 
 
-@pytest.mark.parametrize(("name", "kind", "code"), BLOCKS, ids=[b[0] for b in BLOCKS])
+HERE = [b for b in BLOCKS if b[1] not in ELSEWHERE]
+
+
+@pytest.mark.parametrize(("name", "kind", "code"), HERE, ids=[b[0] for b in HERE])
 def test_runnable_block_runs(name: str, kind: str, code: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

@@ -1,4 +1,4 @@
-"""fedbalance for Flower 1.41's message API: strategies, client helpers, Astraea, partitioners.
+"""fedbalance for Flower 1.41 and 1.42's message API: strategies, client helpers, Astraea, partitioners.
 
 Unlike FedLab and FedML, Flower needs no patching: a Flower app asks for fedbalance in its own
 code (``strategy_from_run_config(context.run_config)`` in the ServerApp, :func:`train_reply` in
@@ -36,8 +36,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         train_reply,
     )
 
-#: The Flower release this adapter was written and tested against (``major.minor``).
-SUPPORTED = FLOWER.releases[0]
+#: The Flower releases (``major.minor``) this adapter was written and tested against.
+RELEASES = FLOWER.releases
+#: The oldest of them, as ``pip`` would be asked for it.
+SUPPORTED = RELEASES[0]
 
 
 def flwr_version() -> str | None:
@@ -47,19 +49,25 @@ def flwr_version() -> str | None:
         return None
 
 
+def served(version: str) -> bool:
+    """Whether flwr ``version`` is one of :data:`RELEASES` (any patch release of them)."""
+    return any(version == r or version.startswith(r + ".") for r in RELEASES)
+
+
 def require_flower() -> str:
     """The installed flwr version, if the adapter can serve it; else a clear error."""
+    names = " or ".join(f"{r}.x" for r in RELEASES)
     version = flwr_version()
     if version is None:
         raise ImportError(
-            f"fedbalance's Flower adapter needs flwr {SUPPORTED}.x, which is not installed: "
+            f"fedbalance's Flower adapter needs flwr {names}, which is not installed: "
             f"pip install 'fedbalance[flower]' (in its own environment: flwr needs "
             f"protobuf>=5, FedML 0.9.6 protobuf<4)"
         )
-    if not (version == SUPPORTED or version.startswith(SUPPORTED + ".")) and not forced():
+    if not served(version) and not forced():
         raise HostNotSupported(
-            f"found flwr {version}; fedbalance's Flower adapter supports flwr {SUPPORTED}.x. "
-            f"Install 'fedbalance[flower]' (flwr>={SUPPORTED},<1.42), or set {FORCE_ENV}=1 to use "
+            f"found flwr {version}; fedbalance's Flower adapter supports flwr {names}. "
+            f"Install one of those beside 'fedbalance[flower]', or set {FORCE_ENV}=1 to use "
             f"it anyway (at your risk)"
         )
     return version
@@ -87,6 +95,7 @@ __all__ = [
     "AstraeaStrategy",
     "FedBalancePartitioner",
     "FedBalanceStrategy",
+    "RELEASES",
     "SUPPORTED",
     "astraea_query_reply",
     "astraea_train_reply",

@@ -1,16 +1,22 @@
-"""Flower's environment, as `make setup-flower` builds it: flwr 1.41 beside fedbalance."""
+"""Flower's environments, as `make setup-flower` and `make setup-flower-oldest` build them: the
+newest and the oldest supported flwr beside fedbalance."""
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 import subprocess
 import sys
 
 from packaging.version import Version
 
 
-def test_flower_env_has_flwr_141_and_protobuf_5() -> None:
-    assert Version(md.version("flwr")).release[:2] == (1, 41)
+def test_flower_env_has_the_release_its_lane_tests_and_protobuf_5() -> None:
+    from fl_adapters.flower import RELEASES
+
+    # make test-flower-oldest says which; the main Flower lane runs on the newest
+    expected = os.environ.get("FEDBALANCE_FLWR_RELEASE", RELEASES[-1])
+    assert ".".join(map(str, Version(md.version("flwr")).release[:2])) == expected
     # The reason this environment exists: FedML 0.9.6 needs protobuf<4.
     assert Version(md.version("protobuf")).major >= 5
 

@@ -108,10 +108,12 @@ def check_fedloss_run(run: dict[str, Any]) -> None:
     assert losses == sorted(losses, reverse=True) and losses[-1] < 2.0
 
 
+@pytest.mark.smoke
 def test_simulation_engine_runs_fedloss(simulation: dict[str, Any]) -> None:
     check_fedloss_run(simulation)
 
 
+@pytest.mark.smoke
 def test_deployment_engine_runs_fedloss(deployment: dict[str, Any]) -> None:
     check_fedloss_run(deployment)
     assert "Strategy execution finished" in deployment["deployment"].log

@@ -35,6 +35,7 @@ def secure_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_fedloss_under_secagg_equals_fedloss_in_clear(secure_run: tuple[Path, str]) -> None:
     out, log = secure_run
     record = [json.loads(line) for line in (out / "record.jsonl").read_text().splitlines()]

@@ -18,7 +18,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from torch.utils.data import TensorDataset
 
 from fl_adapters.config import ConfigError
-from fl_adapters.flower import SUPPORTED, require_flower
+from fl_adapters.flower import RELEASES, require_flower
 from fl_adapters.flower.config import parse_run_config
 from fl_adapters.flower.payload import make_reply, to_array_record
 from fl_adapters.flower.strategy import FedBalanceStrategy, strategy_from_run_config
@@ -247,16 +247,27 @@ def test_the_evaluation_keys_are_refused_in_the_words_of_every_host(
 
 # -- the version check ----------------------------------------------------------------------
 def test_installed_flower_is_accepted() -> None:
-    assert require_flower().startswith(SUPPORTED + ".")
+    assert any(require_flower().startswith(r + ".") for r in RELEASES)
+
+
+@pytest.mark.parametrize("installed", ["1.41.0", "1.41.3", "1.42.0"])
+def test_every_supported_flower_release_is_served(
+    monkeypatch: pytest.MonkeyPatch, installed: str
+) -> None:
+    import fl_adapters.flower as adapter
+
+    monkeypatch.setattr(adapter, "flwr_version", lambda: installed)
+    assert adapter.require_flower() == installed
 
 
 @pytest.mark.parametrize(
     ("installed", "message"),
     [
-        ("1.40.0", "found flwr 1.40.0; fedbalance's Flower adapter supports flwr 1.41.x"),
-        (None, "needs flwr 1.41.x, which is not installed: pip install 'fedbalance[flower]'"),
+        ("1.40.0", "found flwr 1.40.0; fedbalance's Flower adapter supports flwr 1.41.x or 1.42.x"),
+        ("1.43.0", "found flwr 1.43.0; fedbalance's Flower adapter supports flwr 1.41.x or 1.42.x"),
+        (None, "needs flwr 1.41.x or 1.42.x, which is not installed: pip install"),
     ],
-    ids=["other-release", "absent"],
+    ids=["older-release", "newer-release", "absent"],
 )
 def test_other_flower_release_is_refused_naming_both_versions(
     monkeypatch: pytest.MonkeyPatch, installed: str | None, message: str
