@@ -102,6 +102,13 @@ def _entry_points() -> list[tuple[str, Any]]:
     return found
 
 
+def _raised(e: BaseException) -> str:
+    """An exception as a message names it (``sys.exit(3)`` for a ``SystemExit``)."""
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r})"
+    return f"{type(e).__name__}: {e}"
+
+
 def _where(plugin: Any) -> str:
     """Where a registered class (or a host spec, an object) was defined."""
     if isinstance(plugin, type):
@@ -129,10 +136,10 @@ class Registry:
         """Entry point ``ep`` of ``dist`` through pluggy, an import error naming both."""
         try:
             self.plugin_manager.load_setuptools_entrypoints(GROUP, name=ep.name)
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # sys.exit() in a plugin must not end its host
             raise PluginLoadError(
                 f"fedbalance plugin {ep.name!r} from {dist} failed to import "
-                f"({ep.value}): {type(e).__name__}: {e}"
+                f"({ep.value}): {_raised(e)}"
             ) from e
         self._sources[ep.name] = dist
         plugin = self.plugin_manager.get_plugin(ep.name)
@@ -173,13 +180,29 @@ class Registry:
             source = self._sources.get(impl.plugin_name, "(unknown distribution)")
             try:
                 classes = list(impl.function())
-            except Exception as e:
+            except (Exception, SystemExit) as e:
                 raise PluginLoadError(
                     f"fedbalance plugin {impl.plugin_name!r} from {source}: fedbalance_{kind}() "
-                    f"raised {type(e).__name__}: {e}"
+                    f"raised {_raised(e)}"
                 ) from e
             for cls in classes:
+                self._check_kind(kind, cls, impl.plugin_name, source)
                 self._add(kind, cls, source)
+
+    @staticmethod
+    def _check_kind(kind: str, cls: Any, plugin: str, source: str) -> None:
+        """What a discovery hook returns is what it promises: an ``Aggregator`` or
+        ``Partitioner`` subclass (hosts are checked by :meth:`_check_host`), refused here by
+        name rather than failing mid-run."""
+        from fl_aggregators import Aggregator
+
+        base = {"aggregators": Aggregator, "partitioners": Partitioner}.get(kind)
+        if base is not None and not (isinstance(cls, type) and issubclass(cls, base)):
+            raise PluginError(
+                f"fedbalance plugin {plugin!r} from {source}: fedbalance_{kind}() returned "
+                f"{cls!r}, which is not a subclass of {base.__module__.split('.')[0]}."
+                f"{base.__name__}"
+            )
 
     def _add(self, kind: str, cls: type, source: str) -> None:
         name = getattr(cls, "name", None)

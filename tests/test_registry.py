@@ -433,3 +433,46 @@ def test_a_host_named_like_a_builtin_is_named_with_both(with_entry_points) -> No
     with_entry_points(FakeEntryPoint("twin", "fb_twin", FakeDist("fb-twin"), mod))
     with pytest.raises(DuplicatePluginError, match="host name 'fedlab' is registered twice"):
         Registry()
+
+
+def test_a_plugin_that_exits_on_import_is_named_instead_of_ending_the_process(
+    with_entry_points,  # type: ignore[no-untyped-def]
+) -> None:
+    with_entry_points(
+        FakeEntryPoint("quits", "fb_quits", FakeDist("fb-quits"), error=SystemExit(3))
+    )
+    with pytest.raises(PluginLoadError) as err:
+        Registry()
+    assert str(err.value) == (
+        "fedbalance plugin 'quits' from fb-quits failed to import (fb_quits): called sys.exit(3)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "returned", "words"),
+    [
+        ("aggregators", FedAvg(), "returned FedAvg(update_clip=None, sample_clip=20.0), which is"),
+        ("aggregators", IID, "not a subclass of fl_aggregators.Aggregator"),
+        ("partitioners", FedAvg, "not a subclass of fl_partitions.Partitioner"),
+        ("partitioners", "iid", "returned 'iid', which is not a subclass"),
+    ],
+    ids=["instance", "partitioner-as-aggregator", "aggregator-as-partitioner", "string"],
+)
+def test_a_hook_returning_what_it_does_not_promise_is_refused_by_name(
+    with_entry_points,  # type: ignore[no-untyped-def]
+    kind: str,
+    returned: Any,
+    words: str,
+) -> None:
+    mod = types.ModuleType("fb_liar")
+
+    @hookimpl
+    def hook() -> list[Any]:
+        return [returned]
+
+    setattr(mod, f"fedbalance_{kind}", hook)
+    with_entry_points(FakeEntryPoint("liar", "fb_liar", FakeDist("fb-liar"), target=mod))
+    with pytest.raises(PluginError) as err:
+        Registry()
+    assert f"fedbalance plugin 'liar' from fb-liar: fedbalance_{kind}() returned" in str(err.value)
+    assert words in str(err.value)
