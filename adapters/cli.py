@@ -168,11 +168,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps({"config": "ok", **check(config)}))
         return 0
     from fl_adapters._training import TRAIN_CLOCK
+    from fl_adapters.rundir import check_record_outside
     from fl_aggregators.record import check_target
 
-    check_target()  # FEDBALANCE_RECORD: a place that can hold the record, before any training
-    check_target(env=TRAIN_CLOCK)  # and the training clock's file, if one is asked for
     out = Path(args.out)
+    check_record_outside(out)  # FEDBALANCE_RECORD: never one of the run's own files
+    check_target()  # and a place that can hold the record, before any training
+    check_target(env=TRAIN_CLOCK)  # and the training clock's file, if one is asked for
     options = RunOptions(
         progress=not args.no_progress,
         resume=args.resume,

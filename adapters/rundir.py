@@ -7,7 +7,11 @@ writes anything:
   or a read-only place is refused with one line;
 * the run takes an exclusive lock on ``OUT/.fedbalance.lock`` for its whole life: a second run
   on the same directory is refused, naming the first (its pid and start time);
-* the processes the run starts (FedLab's server) inherit the claim;
+* the processes the run starts (FedLab's server) inherit the claim: ``FEDBALANCE_HELD_OUT`` names
+  the directory and the holder's pid, and counts only in a descendant of that pid while the
+  lock is held (inherited by a later run, or written by hand, it is ignored);
+* ``FEDBALANCE_RECORD`` (the user's copy of the aggregation record) must lie outside ``--out``:
+  inside, its lines would interleave with the run's own files;
 * a new run (no ``--resume``) into a directory that holds another run's records is refused
   unless ``--overwrite`` says to replace them. The hosts truncate their files only after this,
   so nothing is lost before the new run owns the directory.
@@ -55,11 +59,12 @@ def scoped_env(name: str, value: str) -> Iterator[None]:
 def claim(out: Path, *, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
     """Hold ``out`` for one run (see the module docstring); yields ``out``."""
     key = str(out.resolve())
-    if os.environ.get(HELD_ENV) == key:  # started by the run that holds it
+    if inherited(out, os.environ.get(HELD_ENV, "")):  # started by the run that holds it
         yield out
         return
     if out.exists() and not out.is_dir():
         raise RunDirError(f"--out {out} is not a directory")
+    check_record_outside(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -87,10 +92,56 @@ def claim(out: Path, *, resume: bool = False, overwrite: bool = False) -> Iterat
             os.pwrite(fd, stamp.encode(), 0)
         except OSError as e:  # a full or read-only disk: better now than after round 1
             raise RunDirError(f"--out {out}: cannot write there ({e.strerror or e})") from None
-        with scoped_env(HELD_ENV, key):
+        with scoped_env(HELD_ENV, f"{key}|{os.getpid()}"):
             yield out
     finally:
         os.close(fd)  # releases the lock
+
+
+def check_record_outside(out: Path) -> None:
+    """Refuse a ``FEDBALANCE_RECORD`` inside ``out`` (see the module docstring)."""
+    from fl_aggregators.record import ENV  # here: it imports torch
+
+    record = os.environ.get(ENV)
+    if record and out.resolve() in (Path(record).resolve(), *Path(record).resolve().parents):
+        raise RunDirError(
+            f"{ENV}={record} is inside --out {out}, whose files the run writes itself (its "
+            f"aggregation record is {out / 'aggregations.jsonl'}): point {ENV} outside the run "
+            "directory"
+        )
+
+
+def inherited(out: Path, held: str) -> bool:
+    """Whether ``held`` (``FEDBALANCE_HELD_OUT``: ``DIR|PID``) is a claim on ``out`` this
+    process inherited: ``PID`` is an ancestor of this process and still holds the lock."""
+    where, _, pid = held.rpartition("|")
+    if where != str(out.resolve()) or not pid.isdigit() or int(pid) not in ancestors():
+        return False
+    try:
+        fd = os.open(out / LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True  # held: by the ancestor that set the variable
+    finally:
+        os.close(fd)  # a lock this check took goes with it
+    return False
+
+
+def ancestors(pid: int | None = None) -> set[int]:
+    """The pids above ``pid`` (this process) up to init, read from Linux's ``/proc``."""
+    found: set[int] = set()
+    pid = os.getpid() if pid is None else pid
+    while pid > 1 and len(found) < 4096:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+        found.add(pid)
+    return found
 
 
 class RunFiles:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fl_adapters.checkpoint import CheckpointError
 from fl_adapters.rundir import RunFiles
@@ -67,3 +71,45 @@ def test_aggregation_lines_become_the_rows_every_host_writes(tmp_path: Path) -> 
     assert files.rows() == json.loads(json.dumps(rows))
     assert files.finish({"rounds": 2}) == {"rounds": 2}
     assert json.loads(files.summary.read_text()) == {"rounds": 2}
+
+
+# -- a run's claim on its directory, through the real CLI ---------------------------------------
+TINY = {
+    "framework": "fedlab",
+    "dataset": "digits",
+    "partition": {"name": "iid"},
+    "aggregator": "fedavg",
+    "num_clients": 2,
+    "clients_per_round": 2,
+    "rounds": 1,
+    "local_epochs": 1,
+    "seed": 0,
+}
+
+
+def cli_run(work: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    (work / "run.yaml").write_text(yaml.safe_dump(TINY))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")} | env
+    argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"]
+    return subprocess.run(argv, cwd=work, env=environ, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_the_inherited_claim_variable_cannot_stand_in_for_the_lock(tmp_path: Path) -> None:
+    assert cli_run(tmp_path).returncode == 0
+    before = (tmp_path / "out" / "metrics.jsonl").read_text()
+    out = str((tmp_path / "out").resolve())
+    for held in (out, f"{out}|1", f"{out}|{os.getpid()}"):  # by hand, or stale
+        done = cli_run(tmp_path, FEDBALANCE_HELD_OUT=held)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert "holds another run's records (metrics.jsonl" in done.stderr
+    assert (tmp_path / "out" / "metrics.jsonl").read_text() == before  # nothing erased
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "aggregations.jsonl", "sub/copy.jsonl"])
+def test_a_record_path_inside_the_run_directory_is_refused(tmp_path: Path, name: str) -> None:
+    done = cli_run(tmp_path, FEDBALANCE_RECORD=str(tmp_path / "out" / name))
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"FEDBALANCE_RECORD={tmp_path / 'out' / name} is inside --out out" in last, last
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
