@@ -183,6 +183,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     with claim(out, resume=args.resume, overwrite=args.overwrite):
         summary = get_registry().host_for(config.framework).run(config, out, options)
+    if summary.get("aggregated_rounds", 1) == 0:  # the shared summary's count (run_summary)
+        # Whatever the host said: a run none of whose rounds changed the model learned nothing.
+        raise RunFailed(
+            f"{config.framework}: {summary.get('rounds', 0)} round(s) recorded, none aggregated: "
+            f"the model is the initial one (see {out}/aggregations.jsonl and the warnings above)"
+        )
     print(
         json.dumps(
             {k: summary[k] for k in ("rounds", "final_accuracy", "best_accuracy", "best_round")}

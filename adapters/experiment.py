@@ -92,6 +92,7 @@ def run_summary(
     summary: dict[str, Any] = {
         "config": config.to_dict(),
         "rounds": len(rows),
+        "aggregated_rounds": sum(1 for r in rows if not r.get("skipped")),
         "evaluated_on": config.eval_data,
         "final_accuracy": evals[-1][key] if evals else None,
         "best_accuracy": best[key] if best else None,

@@ -4,6 +4,7 @@ and ``fedbalance run`` exits non-zero on every host process model (in-process, M
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +104,43 @@ def test_fedbalance_run_that_learns_nothing_exits_non_zero_naming_why(
     last = done.stderr.strip().splitlines()[-1]
     assert "rounds 1-2 aggregated nothing (2 in a row, max_skipped_rounds 2)" in last, last
     assert "client 0: parameters contain NaN or Inf" in last, last
+
+
+def test_fedml_runs_are_refused_when_the_autoload_is_off(tmp_path: Path) -> None:
+    """FedML's processes apply fedbalance only through the autoload: with it off, a FedML run
+    would train stock FedAvg and report no round (#61 item 7)."""
+    pytest.importorskip("fedml")
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({**DIVERGING, "framework": "fedml-sp"}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "FEDBALANCE_DISABLE_HOST_AUTOLOAD": "1"},
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "fedbalance run: error: FEDBALANCE_DISABLE_HOST_AUTOLOAD=1 keeps fedbalance out of "
+        "FedML's processes, so 'fedbalance run' cannot apply 'fedavg' there: unset it"
+    )
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_run_shorter_than_the_limit_that_aggregated_nothing_still_fails(tmp_path: Path) -> None:
+    config = {**DIVERGING, "framework": "fedlab", "rounds": 2, "aggregator_args": {}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "fedbalance run: failed: fedlab: 2 round(s) recorded, none aggregated: the model is the "
+        "initial one (see out/aggregations.jsonl and the warnings above)"
+    )

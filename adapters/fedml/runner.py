@@ -18,9 +18,10 @@ from typing import Any
 
 import yaml
 
+from fl_adapters import autoload
 from fl_adapters._training import evaluates
 from fl_adapters.checkpoint import Checkpoint, resume_hint
-from fl_adapters.config import RunConfig, RunFailed
+from fl_adapters.config import ConfigError, RunConfig, RunFailed
 from fl_adapters.experiment import run_summary
 from fl_adapters.fedml.adapter import HOSTS, check_resume
 from fl_adapters.fedml.ipconfig import require_grpcio, write_ipconfig
@@ -130,6 +131,13 @@ def run_fedml(
     config: RunConfig, out_dir: Path, timeout: float = 3600, resume: bool = False
 ) -> dict[str, Any]:
     started = time.monotonic()
+    if autoload.disabled():
+        # FedML's processes apply fedbalance only through the autoload: without it they would
+        # train stock FedAvg under this config's aggregator name.
+        raise ConfigError(
+            f"{autoload.DISABLE_ENV}=1 keeps fedbalance out of FedML's processes, so "
+            f"'fedbalance run' cannot apply {config.aggregator!r} there: unset it"
+        )
     grpc = config.backend == "grpc"
     if grpc:
         require_grpcio()  # before anything is written or started
