@@ -101,6 +101,7 @@ def client_splits(
             subset,
             batch_size=loader.batch_size,
             shuffle=shuffled and name == "train",
+            generator=loader.generator,  # the user's seeding of its order, if any
             collate_fn=loader.collate_fn,
             num_workers=loader.num_workers,
             drop_last=loader.drop_last and name == "train",
