@@ -135,6 +135,16 @@ class SecAggPlusStrategy(FedBalanceStrategy):
         config = ConfigRecord({**dict(config), SECURE_KEY: "weigh"})
         return super().train_messages(server_round, arrays, config, grid)
 
+    def dp_refusal(self) -> str | None:
+        """A central-DP wrapper clips what the train replies carry, and under SecAgg+ they
+        carry no model (the models travel masked, in the workflow's own messages): its clipping
+        would bound nothing and its guarantee would be void, so it is refused."""
+        return (
+            "under SecAgg+ the train replies carry no model, so the wrapper's clipping would "
+            "bound nothing and its noise would protect no one. Use SecAgg+ without the wrapper, "
+            "or the wrapper without SecAgg+ (FedBalanceStrategy)"
+        )
+
     def aggregate_replies(
         self, server_round: int, replies: list[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -249,7 +249,7 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
         raises :class:`~fl_adapters.config.ConfigError` naming what cannot (see
         :mod:`fl_adapters.flower.privacy`)."""
         self.wrapper = wrapper
-        what = f"{type(wrapper).__name__} wrapping FedBalanceStrategy({self.aggregator.name!r})"
+        what = f"{type(wrapper).__name__} wrapping {type(self).__name__}({self.aggregator.name!r})"
         if self.resume_from is not None:
             raise ConfigError(
                 f"{what}: resume_from is set, but the wrapper's start is Flower's, which knows "
@@ -257,6 +257,9 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
                 "without the wrapper, or start afresh"
             )
         if isinstance(wrapper, privacy.DP_WRAPPERS):
+            own = self.dp_refusal()
+            if own is not None:
+                raise ConfigError(f"{what}: {own}")
             reason = privacy.privacy_refusal(self.aggregator)
             if reason is not None:
                 raise ConfigError(
@@ -264,6 +267,10 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
                     "fedloss_n, fedavgm with beta 0"
                 )
         log.info("FedBalanceStrategy(%r) runs inside %r", self.aggregator.name, wrapper)
+
+    def dp_refusal(self) -> str | None:
+        """Why this strategy itself cannot serve under a DP wrapper (``None``: it can)."""
+        return None
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -163,3 +163,16 @@ def test_the_accountant_is_refused_by_flower_itself() -> None:
 def test_bad_dp_settings_name_the_key(config: dict, words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         wrap_from_run_config(FedBalanceStrategy("fedloss"), config, 3)
+
+
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+def test_a_dp_wrapper_around_secagg_is_refused_before_the_first_round(wrapper: str) -> None:
+    """Under SecAgg+ the train replies carry no model: the wrapper's clipping would bound
+    nothing (clip norm 0.01 trained like no clipping), so its guarantee would be void."""
+    from fl_adapters.flower.secure import SecAggPlusStrategy
+
+    dp = WRAPPERS[wrapper](SecAggPlusStrategy("fedloss"))
+    with pytest.raises(ConfigError) as e:
+        dp.configure_train(1, ARRAYS, ConfigRecord(), grid=None)  # type: ignore[arg-type]
+    assert str(e.value).startswith(f"{type(dp).__name__} wrapping SecAggPlusStrategy('fedloss'): ")
+    assert "under SecAgg+ the train replies carry no model" in str(e.value)
