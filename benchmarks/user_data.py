@@ -72,17 +72,38 @@ def _header(fh: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype]:  # t
 
 
 def _claimed_bytes(shape: tuple[int, ...], dtype: np.dtype, where: str, room: int) -> int:  # type: ignore[type-arg]
+    """The bytes the header claims, checked against the member's own size and against the
+    memory loading it takes: the array and, for images, their float32 copy (an 8-bit archive
+    of 3 GB is 15 GB once read), so an archive that inflates past this machine is refused
+    before one byte of it is read."""
     claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
     if claimed > room:
         raise UserDataError(
             f"{where}: its header claims {claimed:,} bytes of data but the file holds {room:,}"
         )
-    if claimed > _memory_cap():
+    working = claimed + int(np.prod(shape, dtype=object)) * 4  # the float32 copy
+    if working > _memory_cap():
         raise UserDataError(
-            f"{where}: {claimed:,} bytes is more than half of this machine's memory "
-            f"({_memory_cap():,} bytes)"
+            f"{where}: {claimed:,} bytes of data ({working:,} once read as float32) is more than "
+            f"half of this machine's memory ({_memory_cap():,} bytes)"
         )
     return claimed
+
+
+#: Zip compression methods numpy's savez and savez_compressed write (stored, deflated).
+METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
+
+
+def _check_member(info: zipfile.ZipInfo, where: str) -> None:
+    """A member numpy could have written: not encrypted, stored or deflated (anything else is
+    refused before it is opened)."""
+    if info.flag_bits & 0x1:
+        raise UserDataError(f"{where}: the member is encrypted; give the arrays unencrypted")
+    if info.compress_type not in METHODS:
+        raise UserDataError(
+            f"{where}: the member is compressed with zip method {info.compress_type}; "
+            f"numpy.savez writes {' or '.join(METHODS.values())} members"
+        )
 
 
 def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, NDArray]:  # type: ignore[type-arg]
@@ -104,13 +125,14 @@ def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, NDArray]:  # type:
                 continue
             info = members[key]
             where = f"{path}[{key}]"
+            _check_member(info, where)
             try:
                 with archive.open(info) as fh:
                     shape, dtype = _header(fh, where)
                 _claimed_bytes(shape, dtype, where, info.file_size)
                 with archive.open(info) as fh:
                     out[key] = np.lib.format.read_array(fh, allow_pickle=False)
-            except (OSError, zipfile.BadZipFile, EOFError) as e:
+            except (OSError, zipfile.BadZipFile, EOFError, NotImplementedError, RuntimeError) as e:
                 raise UserDataError(f"{where}: cannot read it ({e})") from None
     return out
 
@@ -163,10 +185,19 @@ def _check_images(x: NDArray, n: int, where: str) -> NDArray:  # type: ignore[ty
 
 
 def _standardised(x: NDArray) -> tuple[torch.Tensor, float, float]:  # type: ignore[type-arg]
+    """``x`` as float32 (8-bit images scaled to [0, 1]), its mean and std (n - 1) in float64.
+
+    The statistics are summed in float64 a block of images at a time, so reading an archive
+    takes the float32 copy and no more (a whole float64 copy was twice that again)."""
     t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     if x.dtype == np.uint8:
-        t = t / 255.0
-    return t, float(t.double().mean()), float(t.double().std())
+        t.div_(255.0)
+    flat = t.reshape(len(t), -1)
+    n, step = flat.numel(), max(1, (1 << 24) // max(1, flat.shape[1]))
+    blocks = [flat[i : i + step] for i in range(0, len(flat), step)]
+    mean = sum(float(b.double().sum()) for b in blocks) / max(1, n)
+    ss = sum(float((b.double() - mean).square().sum()) for b in blocks)
+    return t, mean, (ss / (n - 1)) ** 0.5 if n > 1 else float("nan")
 
 
 def read_npz(path: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -199,7 +230,7 @@ def read_npz(path: Path, train: bool) -> tuple[torch.Tensor, torch.Tensor, float
         images = _standardised(x_test)[0]
     if not std > 0:
         raise UserDataError(f"{path}[x_train]: every pixel has the same value")
-    return (images - mean) / std, torch.from_numpy(y), 1.0 / std
+    return images.sub_(mean).div_(std), torch.from_numpy(y), 1.0 / std  # in place: no copy
 
 
 def read_labels(path: Path) -> NDArray[np.int64]:

@@ -76,3 +76,54 @@ def test_an_archive_trains_on_fedlab(tmp_path: Path) -> None:
 def test_an_archive_trains_on_fedml_sp(tmp_path: Path) -> None:
     summary = user_data_run(tmp_path, "fedml-sp")
     assert summary["best_accuracy"] > 0.6
+
+
+def patched_members(path: Path, *, flags: int = 0, method: int | None = None) -> None:
+    """Set every member's general-purpose flags and compression method in both its local and
+    its central header, as another zip tool would have written them."""
+    data = bytearray(path.read_bytes())
+    for signature, flag_at, method_at in ((b"PK\x03\x04", 6, 8), (b"PK\x01\x02", 8, 10)):
+        start = data.find(signature)
+        while start != -1:
+            data[start + flag_at] |= flags
+            if method is not None:
+                data[start + method_at : start + method_at + 2] = method.to_bytes(2, "little")
+            start = data.find(signature, start + 4)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("patch", "words"),
+    [
+        ({"flags": 0x1}, "[x_train]: the member is encrypted; give the arrays unencrypted"),
+        ({"method": 99}, "[x_train]: the member is compressed with zip method 99; numpy.savez"),
+    ],
+    ids=["encrypted", "unknown-method"],
+)
+def test_members_numpy_never_writes_are_refused_before_reading(
+    tmp_path: Path, patch: dict, words: str
+) -> None:
+    path = tmp_path / "odd.npz"
+    np.savez(path, x_train=np.ones((4, 8, 8), np.uint8), y_train=np.arange(4))
+    patched_members(path, **patch)
+    with pytest.raises(UserDataError) as e:
+        load_dataset(f"npy:{path}", train=True)
+    assert words in str(e.value)
+
+
+def test_an_archive_larger_than_memory_once_read_is_refused_before_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small compressed member can inflate to gigabytes; what it takes once read (the array
+    and its float32 copy) is checked against the memory before any of it is read."""
+    import fedbalance_benchmarks.user_data as user_data
+
+    path = tmp_path / "zeros.npz"
+    np.savez_compressed(path, x_train=np.zeros((64, 16, 16), np.uint8), y_train=np.arange(64))
+    assert path.stat().st_size < 2_000  # 16,384 pixels that deflate to almost nothing
+    monkeypatch.setattr(user_data, "_memory_cap", lambda: 40_000)  # > 16,384, < 5 x 16,384
+    with pytest.raises(UserDataError) as e:
+        load_dataset(f"npy:{path}", train=True)
+    assert "[x_train]: 16,384 bytes of data (81,920 once read as float32) is more than" in str(
+        e.value
+    )
