@@ -10,6 +10,7 @@ foreign file is a clear ``ValueError``.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -71,8 +72,18 @@ class Checkpoint:
             "host": self.host,
         }
         tmp = path.with_name(path.name + ".tmp")
-        torch.save(doc, tmp)
-        os.replace(tmp, path)
+        buffer = io.BytesIO()  # torch words a failed write as an opaque RuntimeError:
+        torch.save(doc, buffer)  # the file is written below, where the OS says what went wrong
+        try:
+            with open(tmp, "wb") as f:
+                f.write(buffer.getbuffer())
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointError(
+                f"cannot write the checkpoint of round {self.round} to {path} ({_why(e)}; "
+                f"{_free(path.parent)}); {_last_saved(path)}"
+            ) from e
 
     @classmethod
     def load(cls, path: Path) -> Checkpoint:
@@ -267,6 +278,29 @@ def restore_sampler(rng: Any, state: list[int] | None) -> None:
         raise CheckpointError("the checkpoint's client sampler does not match this run's")
     if rng is not None and state is not None:
         rng.setstate((state[0], tuple(state[1:]), None))
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or str(e)
+
+
+def _free(folder: Path) -> str:
+    """How much room the disk holding ``folder`` has left."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return "its disk could not be read"
+    return f"{st.f_bavail * st.f_frsize:,} bytes free on that disk"
+
+
+def _last_saved(path: Path) -> str:
+    """What survives a failed save: the checkpoint already at ``path``, if it reads."""
+    try:
+        return (
+            f"{path} still holds round {Checkpoint.load(path).round}; free some space, then resume"
+        )
+    except CheckpointError:
+        return "no earlier round was saved"
 
 
 def resume_hint(out_dir: Path, *logs: Path) -> str:

@@ -113,3 +113,41 @@ def test_a_record_path_inside_the_run_directory_is_refused(tmp_path: Path, name:
     last = done.stderr.strip().splitlines()[-1]
     assert f"FEDBALANCE_RECORD={tmp_path / 'out' / name} is inside --out out" in last, last
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+SAVE_UNDER_A_LIMIT = """
+import resource, signal, sys, torch
+from pathlib import Path
+from fl_adapters.checkpoint import Checkpoint, CheckpointError
+
+out = Path(sys.argv[1])
+def ckpt(rnd, size):
+    return Checkpoint(config={}, round=rnd, model={"w": torch.zeros(size)}, aggregator={},
+                      participations={}, sampler=None)
+ckpt(1, 10).save(out / "checkpoint.pt")
+# A disk that fills up: writes past 64 kB fail (EFBIG, SIGXFSZ ignored), as ENOSPC would.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+try:
+    ckpt(2, 100_000).save(out / "checkpoint.pt")
+except CheckpointError as e:
+    print(e)
+"""
+
+
+def test_a_disk_that_fills_up_stops_with_one_line_and_keeps_the_last_checkpoint(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SAVE_UNDER_A_LIMIT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.strip()
+    path = tmp_path / "checkpoint.pt"
+    assert line.startswith(f"cannot write the checkpoint of round 2 to {path} (File too large; ")
+    assert line.endswith(f"{path} still holds round 1; free some space, then resume"), line
+    assert "bytes free on that disk" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]  # no .tmp left
