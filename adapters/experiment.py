@@ -59,6 +59,9 @@ def check(config: RunConfig) -> dict[str, Any]:
                 f"process trains once a round, as FedML's client counts rounds), got {epochs!r}"
             )
     _, labels, partition = training_data(config)
+    from fedbalance_benchmarks.models import model_for
+
+    model_for(config.model, config.dataset, config.data_dir)  # images it can take (1x1 cannot)
     if config.eval_data == "test":
         from fedbalance_benchmarks.datasets import load_dataset
 

@@ -181,6 +181,12 @@ def _check_images(x: NDArray, n: int, where: str) -> NDArray:  # type: ignore[ty
         )
     if x.dtype != np.uint8 and not np.isfinite(x).all():
         raise UserDataError(f"{where}: images hold NaN or infinite values")
+    limit = float(np.finfo(np.float32).max)
+    if x.dtype == np.float64 and x.size and float(np.abs(x).max()) > limit:
+        raise UserDataError(
+            f"{where}: pixel values reach {float(np.abs(x).max()):.3g}, beyond float32's range "
+            f"({limit:.3g}) that training uses; rescale the images"
+        )
     return x
 
 

@@ -43,9 +43,10 @@ def test_an_archive_loads_standardised_with_its_own_statistics(tmp_path: Path) -
         ({"x_train": np.zeros((4, 20, 20), np.int32), "y_train": np.arange(4)}, "got int32"),
         ({"x_train": np.zeros((4, 20, 20), np.uint8), "y_train": np.arange(4)}, "same value"),
         ({"x_train": np.zeros((4, 20, 20), np.uint8)}, "no y_train"),
+        ({"x_train": np.full((4, 20, 20), 1e300), "y_train": np.arange(4)}, "beyond float32's"),
     ],
     ids=["objects", "nan", "negative-labels", "not-square", "channels", "dtype", "flat",
-         "no-labels"],
+         "no-labels", "beyond-float32"],
 )  # fmt: skip
 def test_unusable_archives_are_refused_naming_the_array(
     tmp_path: Path, arrays: dict[str, np.ndarray], words: str
@@ -127,3 +128,15 @@ def test_an_archive_larger_than_memory_once_read_is_refused_before_reading(
     assert "[x_train]: 16,384 bytes of data (81,920 once read as float32) is more than" in str(
         e.value
     )
+
+
+def test_check_refuses_images_the_model_cannot_take_as_the_run_does(tmp_path: Path) -> None:
+    from fl_adapters.config import RunConfig
+    from fl_adapters.experiment import check
+
+    path = images_npz(tmp_path / "tiny.npz", size=1)
+    config = RunConfig.from_dict(
+        {"framework": "fedlab", "dataset": f"npy:{path}", "num_clients": 2, "clients_per_round": 2}
+    )
+    with pytest.raises(ValueError, match="1x1"):
+        check(config)
