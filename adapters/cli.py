@@ -282,6 +282,7 @@ BENCHES = {
     "fedavgm-sweep": "fedbalance_benchmarks.fedavgm_sweep",
     "fedlab-overhead": "fedbalance_benchmarks.perf_fedlab_overhead",
     "fedml-overhead": "fedbalance_benchmarks.perf_fedml_overhead",
+    "grpc-shutdown": "fedbalance_benchmarks.grpc_shutdown",
     "flower-overhead": "fedbalance_benchmarks.perf_flower_overhead",
     "perf-aggregate": "fedbalance_benchmarks.perf_aggregate",
     "perf-partition": "fedbalance_benchmarks.perf_partition",

@@ -248,6 +248,67 @@ def test_a_port_in_use_stops_the_server_before_round_1(tmp_path: Path, started: 
     assert time.monotonic() - start < 120
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("graceful", [False, True], ids=["fedml-stop-none", "fedbalance-grace"])
+def test_a_finishing_silo_lets_the_call_that_delivered_its_last_message_end(
+    graceful: bool,
+) -> None:
+    """FedML's end-of-run race (benchmarks/results/grpc_shutdown.md): a silo that finishes while
+    the call that delivered its last model is still answering. FedML's stop(None) cancels that
+    call (the server's send raises); fedbalance's graceful_finish lets it end."""
+    from concurrent import futures
+
+    import grpc
+    from fedml.core.distributed.communication.grpc import (
+        grpc_comm_manager_pb2,
+        grpc_comm_manager_pb2_grpc,
+    )
+    from fedml.core.distributed.communication.grpc.grpc_server import GRPCCOMMServicer
+
+    from fl_adapters.fedml.patches import cross_silo
+
+    class LateAnswer(GRPCCOMMServicer):  # the answer goes out after the loop has the message
+        def sendMessage(self, request: Any, context: Any) -> Any:  # noqa: N802 (FedML's name)
+            out = super().sendMessage(request, context)
+            time.sleep(0.5)
+            return out
+
+    (port,) = free_ports(1)
+    servicer = LateAnswer("127.0.0.1", port, 2, 1)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    grpc_comm_manager_pb2_grpc.add_gRPCCommManagerServicer_to_server(servicer, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    stopped = []
+    com = SimpleNamespace(grpc_server=server)
+    com.stop_receive_message = lambda: server.stop(None)  # FedML's
+    silo = SimpleNamespace(com_manager=com)
+
+    def fedml_finish(self: Any) -> None:
+        self.com_manager.stop_receive_message()
+        stopped.append(True)
+
+    def silo_loop() -> None:  # FedML's receive loop: the last message, then finish
+        servicer.message_q.get(timeout=10)
+        if graceful:
+            cross_silo.graceful_finish(silo, fedml_finish)
+        else:
+            fedml_finish(silo)
+
+    loop = threading.Thread(target=silo_loop)
+    loop.start()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = grpc_comm_manager_pb2_grpc.gRPCCommManagerStub(channel)
+        request = grpc_comm_manager_pb2.CommRequest(client_id=0, message=b"final model")
+        if graceful:
+            stub.sendMessage(request)  # the server's send returns: no error
+        else:
+            with pytest.raises(grpc.RpcError, match="Cancelling all calls"):
+                stub.sendMessage(request)
+    loop.join()
+    assert stopped == [True]
+
+
 # -- fast checks of the ipconfig rules (no processes) ------------------------------------------
 def grpc_args(tmp_path: Path, ranks: int, **extra: object) -> SimpleNamespace:
     path = write_ipconfig(tmp_path / "ip.csv", free_ports(ranks))
@@ -443,3 +504,14 @@ def test_metrics_rows_carry_astraea_mediators_and_fedml_accuracy(tmp_path: Path)
     (row,) = records(tmp_path / "metrics.jsonl")
     assert row["mediators"] == [[2, 5]] and row["mediator_kl"] == [0.3]
     assert row["test_accuracy"] == 0.25 and summary["final_accuracy"] == 0.25
+
+
+def test_the_committed_shutdown_report_is_what_its_records_give() -> None:
+    """benchmarks/results/grpc_shutdown.md, regenerated from its per-run records alone."""
+    import json
+
+    from fedbalance_benchmarks import grpc_shutdown as study
+
+    records = [json.loads(p.read_text()) for p in sorted(study.RECORDS.glob("*.json"))]
+    assert len(records) == 66  # 20 stock, fedbalance and stock-first runs, 3 per -late probe
+    assert study.report(records) == study.REPORT.read_text()

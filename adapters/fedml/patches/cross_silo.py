@@ -20,6 +20,9 @@ HOST = "fedml-cross-silo"
 #: How long an empty gRPC receive queue's ``qsize`` waits for a message: FedML's receive loop
 #: sees a stop request at most this late.
 RECEIVE_WAIT_S = 0.05
+#: How long a process's gRPC server, once its run is over, lets calls in flight finish before
+#: it cancels them (the wait ends as soon as they have).
+STOP_GRACE_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +138,23 @@ def quiet_run(self: Any, original: Any) -> Any:
     return original(self)
 
 
+def graceful_finish(self: Any, original: Any) -> Any:
+    """FedML's ``finish``, over gRPC after the process's gRPC server has stopped with a grace
+    period, so calls in flight end first (over MPI there is no gRPC server: FedML's alone).
+
+    FedML 0.9.6's ``GRPCCommManager.stop_receive_message`` stops it with ``stop(None)``, which
+    cancels every call in flight. A silo finishes while handling the final model, and the call
+    that delivered that model may not have sent its answer yet (FedML's servicer queues the
+    message before it answers): the server's ``send_message`` then raises ``Cancelling all
+    calls`` and the server dies after its last round. Stock FedML loses this race too
+    (``benchmarks/results/grpc_shutdown.md``); FedML's own stop is then a no-op.
+    """
+    server = getattr(self.com_manager, "grpc_server", None)
+    if server is not None:
+        server.stop(STOP_GRACE_S).wait()
+    return original(self)
+
+
 SILO = "fedml.cross_silo"
 SERVER = (f"{SILO}.server.fedml_server_manager", "FedMLServerManager")
 CLIENT = (f"{SILO}.client.fedml_client_master_manager", "ClientMasterManager")
@@ -160,5 +180,8 @@ TARGETS = (
     # gRPC: start-up order.
     (*CLIENT, "handle_message_connection_ready", client_connection_ready),
     (*SERVER, "handle_message_connection_ready", server_connection_ready),
+    # gRPC: shutting down lets the answers in flight go out (see graceful_finish).
+    (*SERVER, "finish", graceful_finish),
+    (*CLIENT, "finish", graceful_finish),
     *secure.TARGETS,
 )
