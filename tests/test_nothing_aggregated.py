@@ -84,6 +84,20 @@ DIVERGING = {
 }
 
 
+def fedbalance_run(work: Path, config: dict, **env: str) -> subprocess.CompletedProcess[str]:
+    """``fedbalance run`` of ``config`` in ``work``, with only ``env``'s fedbalance switches."""
+    (work / "run.yaml").write_text(yaml.safe_dump(config))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")} | env
+    return subprocess.run(
+        [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"],
+        cwd=work,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,  # FedML's MPI job used to hang here until killed
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["fedlab", "fedml-mpi"])
 def test_fedbalance_run_that_learns_nothing_exits_non_zero_naming_why(
@@ -92,14 +106,7 @@ def test_fedbalance_run_that_learns_nothing_exits_non_zero_naming_why(
     if framework == "fedml-mpi":
         pytest.importorskip("fedml")
         pytest.importorskip("mpi4py")
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump({**DIVERGING, "framework": framework}))
-    done = subprocess.run(
-        [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,  # FedML's MPI job used to hang here until killed
-    )
+    done = fedbalance_run(tmp_path, {**DIVERGING, "framework": framework})
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert "rounds 1-2 aggregated nothing (2 in a row, max_skipped_rounds 2)" in last, last
@@ -110,16 +117,8 @@ def test_fedml_runs_are_refused_when_the_autoload_is_off(tmp_path: Path) -> None
     """FedML's processes apply fedbalance only through the autoload: with it off, a FedML run
     would train stock FedAvg and report no round (#61 item 7)."""
     pytest.importorskip("fedml")
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump({**DIVERGING, "framework": "fedml-sp"}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, "FEDBALANCE_DISABLE_HOST_AUTOLOAD": "1"},
-    )
+    config = {**DIVERGING, "framework": "fedml-sp"}
+    done = fedbalance_run(tmp_path, config, FEDBALANCE_DISABLE_HOST_AUTOLOAD="1")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         "fedbalance run: error: FEDBALANCE_DISABLE_HOST_AUTOLOAD=1 keeps fedbalance out of "
@@ -131,14 +130,7 @@ def test_fedml_runs_are_refused_when_the_autoload_is_off(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_a_run_shorter_than_the_limit_that_aggregated_nothing_still_fails(tmp_path: Path) -> None:
     config = {**DIVERGING, "framework": "fedlab", "rounds": 2, "aggregator_args": {}}
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    done = subprocess.run(
-        [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = fedbalance_run(tmp_path, config)
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
         "fedbalance run: failed: fedlab: 2 round(s) recorded, none aggregated: the model is the "
