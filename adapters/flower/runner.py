@@ -206,6 +206,20 @@ def app_values(config: RunConfig, out_dir: Path, resume: bool = False) -> dict[s
     }
 
 
+def check_simulation_env() -> None:
+    """The simulation's environment switches, refused in one line before any process starts
+    (the simulation process would refuse them too, but only into its log)."""
+    from fedbalance_benchmarks.flower_app import ACTORS_ENV, POLLING, POLLING_ENV, backend_config
+
+    polling = os.environ.get(POLLING_ENV, POLLING[0])
+    if polling not in POLLING:
+        raise ConfigError(f"{POLLING_ENV} must be one of {', '.join(POLLING)}, got {polling!r}")
+    try:
+        backend_config(os.environ.get(ACTORS_ENV))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def run_flower(
     config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600, resume: bool = False
 ) -> dict[str, Any]:
@@ -219,6 +233,8 @@ def run_flower(
     from fl_adapters.flower.strategy import make_aggregator
 
     make_aggregator(config.aggregator, config.aggregator_args, mediated=True)  # before any process
+    if config.framework == "flower":
+        check_simulation_env()
     # Absolute: the ServerApp writes to it from Flower's own processes and working directory.
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -50,19 +50,25 @@ ASTRAEA: dict[str, Any] = {
 
 
 def fedbalance(
-    work: Path, config: dict[str, Any], *args: str, wait: bool = True
+    work: Path,
+    config: dict[str, Any],
+    *args: str,
+    wait: bool = True,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
-    """``fedbalance run`` of ``config`` in ``work`` (output in ``work/out``)."""
+    """``fedbalance run`` of ``config`` in ``work`` (output in ``work/out``); ``env`` is added to
+    an environment without the caller's ``FEDBALANCE_*`` switches."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "run.yaml").write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
-    env[ACTORS_ENV] = os.environ.get(ACTORS_ENV, "")  # the suite's actor count (conftest.py)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
+    environ[ACTORS_ENV] = os.environ.get(ACTORS_ENV, "")  # the suite's actor count (conftest.py)
+    environ.update(env or {})
     argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out", *args]
     if not wait:
         return subprocess.Popen(
-            argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            argv, cwd=work, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-    return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=400)
+    return subprocess.run(argv, cwd=work, env=environ, capture_output=True, text=True, timeout=400)
 
 
 def finished(work: Path, config: dict[str, Any]) -> Path:

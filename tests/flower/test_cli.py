@@ -118,3 +118,28 @@ def test_fedbalance_run_on_flower_that_learns_nothing_exits_non_zero_naming_why(
         "it stopped because fedavg: rounds 1-2 aggregated nothing (2 in a row, max_skipped_rounds 2)"
         in last
     ), last
+
+
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        (
+            {"FEDBALANCE_FLOWER_POLLING": "fast"},
+            "FEDBALANCE_FLOWER_POLLING must be one of index, flower, got 'fast'",
+        ),
+        (
+            {"FEDBALANCE_FLOWER_ACTORS": "0"},
+            "FEDBALANCE_FLOWER_ACTORS must be a whole number of ClientApp actors in [1, 1024]",
+        ),
+    ],
+    ids=["polling", "actors"],
+)
+def test_a_bad_simulation_switch_is_one_line_before_any_process(
+    tmp_path: Path, env: dict[str, str], line: str
+) -> None:
+    done = fedbalance(tmp_path, FEDAVGM, "--no-progress", env=env)
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"fedbalance run: error: {line}"), last
+    assert not (tmp_path / "out" / "flower-simulation.log").exists()
