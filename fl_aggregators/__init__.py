@@ -1,7 +1,13 @@
 """Server-side aggregation for federated learning (torch; no FL framework imported)."""
 
 from fl_aggregators.astraea import Astraea
-from fl_aggregators.base import AggregationResult, Aggregator, NothingAggregated, Rejection
+from fl_aggregators.base import (
+    UPDATE_NORM,
+    AggregationResult,
+    Aggregator,
+    NothingAggregated,
+    Rejection,
+)
 from fl_aggregators.fedavg import FedAvg
 from fl_aggregators.fedavgm import FedAvgM
 from fl_aggregators.fedloss import FedLoss
@@ -32,4 +38,5 @@ __all__ = [
     "NothingAggregated",
     "Params",
     "Rejection",
+    "UPDATE_NORM",
 ]

@@ -42,7 +42,7 @@ import torch
 
 from fl_aggregators._kernels import OutputPool
 from fl_aggregators._tensors import placed_like, rebuild, structure_mismatch, tensors_of
-from fl_aggregators.functional import all_finite_many
+from fl_aggregators.functional import all_finite_many, update_norm
 from fl_aggregators.record import record
 from fl_aggregators.update import ClientUpdate, Params
 from fl_partitions.params import FedbalanceError, ParameterError, check_int_range, shown
@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 MAX_SKIPPED_ROUNDS = 5
 #: The largest ``max_skipped_rounds`` taken (rounds are counted in ints; any larger is "never").
 MAX_SKIPPED_LIMIT = 1_000_000
+#: The metric each client reports under secure aggregation: the L2 norm of its update (trained
+#: model minus the round's global model, floating-point tensors only, in float64).
+UPDATE_NORM = "update_norm"
+#: A reported update norm counts up to this many times the median of the round's reports.
+NORM_CAP = 4.0
 
 
 class NothingAggregated(FedbalanceError, RuntimeError):
@@ -99,6 +104,8 @@ class Weighing:
     updates: Sequence[ClientUpdate]
     rejected: dict[int, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Each client's reported :data:`UPDATE_NORM` (``None``: not asked for, see :meth:`weigh`).
+    norms: list[float] | None = None
 
 
 class Aggregator(ABC):
@@ -298,11 +305,19 @@ class Aggregator(ABC):
         """The new global tensors from the weighted average (identity unless overridden)."""
         return average
 
-    def weigh(self, updates: Sequence[ClientUpdate], *, round: int | None = None) -> Weighing:
+    def weigh(
+        self,
+        updates: Sequence[ClientUpdate],
+        *,
+        round: int | None = None,
+        with_norms: bool = False,
+    ) -> Weighing:
         """This round's client weights from sample counts and metrics alone.
 
         ``updates`` need no parameters (``params`` is ignored). The checks and bounds are
         :meth:`aggregate`'s that read scalars; a client the scalars reject gets weight 0.
+        ``with_norms``: each client must also report :data:`UPDATE_NORM` (a client that does
+        not is rejected), and :meth:`finish` holds the unmasked sum to those reports.
         """
         reason = self.secure_refusal()
         if reason is not None:
@@ -311,6 +326,17 @@ class Aggregator(ABC):
         self._take_extra()  # nothing left over from an earlier round
         ids = [u.client_id if u.client_id is not None else i for i, u in enumerate(updates)]
         rejected = {i: r for i, u in enumerate(updates) if (r := self.check_scalars(u)) is not None}
+        norms: list[float] | None = None
+        if with_norms:
+            norms = [_reported_norm(u) for u in updates]
+            for i, norm in enumerate(norms):
+                if math.isnan(norm):
+                    rejected.setdefault(
+                        i,
+                        f"metric {UPDATE_NORM!r} must be a finite number >= 0 (under secure "
+                        f"aggregation it bounds the unmasked sum), got "
+                        f"{shown(updates[i].metrics.get(UPDATE_NORM))}",
+                    )
         accepted = [i for i in range(len(updates)) if i not in rejected]
         weights = torch.zeros(len(updates), dtype=torch.float64)
         if accepted:
@@ -318,7 +344,13 @@ class Aggregator(ABC):
                 torch.float64
             )
         return Weighing(
-            self.round, ids, weights.tolist(), updates, rejected, extra=self._take_extra()
+            self.round,
+            ids,
+            weights.tolist(),
+            updates,
+            rejected,
+            extra=self._take_extra(),
+            norms=norms,
         )
 
     def finish(
@@ -327,21 +359,31 @@ class Aggregator(ABC):
         weighted_sum: Params | None,
         weighing: Weighing,
         *,
-        dropped: Sequence[int] = (),
+        dropped: Sequence[int] | Mapping[int, str] = (),
         host: str = "python",
         protocol: str = "secure",
+        resolution: float = 0.0,
     ) -> AggregationResult:
         """The round's result from ``sum_i w_i x_i`` over the clients that took part.
 
         ``dropped`` are the indices (into ``weighing.updates``) of clients weighed but missing
-        from the sum: the others' weights are renormalised to sum to 1, so the result is their
-        weighted average (the bounds stay as weighed, with every client). ``None`` or a
-        non-finite sum keeps the global model (the round is skipped).
+        from the sum (a mapping gives each one's reason): the others' weights are renormalised
+        to sum to 1, so the result is their weighted average (the bounds stay as weighed, with
+        every client). ``None`` or a non-finite sum keeps the global model (the round is
+        skipped).
+
+        When the weighing has the clients' update norms (``weigh(with_norms=True)``), the
+        average may move the model no further than the longest update a client reported (each
+        report counted up to :data:`NORM_CAP` times their median): a weighted average of honest
+        updates cannot (triangle inequality), so a sum that does holds a misreported weight or
+        model, and the round is skipped. ``resolution`` is the protocol's largest error per
+        coordinate of the sum (its quantization), allowed on top.
         """
         started = time.perf_counter()
         rejected = dict(weighing.rejected)
-        for i in dropped:
-            rejected.setdefault(i, "dropped out after its weight was computed")
+        reasons = dropped if isinstance(dropped, Mapping) else dict.fromkeys(dropped, "")
+        for i, why in reasons.items():
+            rejected.setdefault(i, why or "dropped out after its weight was computed")
         w = torch.tensor(weighing.weights, dtype=torch.float64)
         keep = torch.tensor([i not in rejected for i in range(len(w))], dtype=torch.bool)
         w = torch.where(keep, w, torch.zeros_like(w))
@@ -355,7 +397,14 @@ class Aggregator(ABC):
             g = tensors_of(global_params)
             average = [t.to(torch.float64) / mass for t in placed_like(g, tensors_of(weighted_sum))]
             out = [o.to(t.dtype) for o, t in zip(self.step(g, average), g, strict=True)]
-            if all_finite_many(out):
+            beyond = None
+            if weighing.norms is not None:
+                kept = [n for n, k in zip(weighing.norms, keep.tolist(), strict=True) if k]
+                beyond = _beyond_reports(g, average, kept, resolution / mass)
+            if beyond is not None:
+                log.warning("%s round %s: %s; global model kept", self.name, weighing.round, beyond)
+                skipped = True
+            elif all_finite_many(out):
                 self._commit()
                 new_params = rebuild(global_params, out)
                 w = w / mass
@@ -433,3 +482,38 @@ class Aggregator(ABC):
 
 def _finite(params: Params) -> bool:
     return all_finite_many(tensors_of(params))
+
+
+def _reported_norm(update: ClientUpdate) -> float:
+    """``update``'s reported :data:`UPDATE_NORM`, NaN when it is missing or not a finite
+    number >= 0."""
+    raw = update.metrics.get(UPDATE_NORM)
+    if isinstance(raw, bool) or not isinstance(raw, numbers.Real):
+        return math.nan
+    value = float(raw)
+    return value if math.isfinite(value) and value >= 0 else math.nan
+
+
+def _beyond_reports(
+    global_tensors: list[torch.Tensor],
+    average: list[torch.Tensor],
+    norms: list[float],
+    resolution: float,
+) -> str | None:
+    """Why ``average`` cannot be a weighted average of updates as long as ``norms`` (``None``:
+    it can). Floating-point tensors only, as the clients measure them."""
+    if not norms:
+        return None
+    cap = NORM_CAP * float(torch.tensor(norms, dtype=torch.float64).median())
+    limit = max(min(n, cap) for n in norms)
+    size = sum(t.numel() for t in global_tensors if t.is_floating_point())
+    moved = update_norm(global_tensors, average)
+    allowed = limit * (1 + 1e-9) + resolution * math.sqrt(size)
+    if moved <= allowed:
+        return None
+    return (
+        f"the unmasked average moves the model by {moved:.6g}, more than the longest update a "
+        f"client reported ({limit:.6g}, each report counted up to {NORM_CAP:g}x their median; "
+        f"{allowed:.6g} with the protocol's rounding): a client misreported its weight or its "
+        "model"
+    )

@@ -355,3 +355,21 @@ def update_scales(
     med = torch.sort(norms).values[(len(norms) - 1) // 2]
     bound = clip * med
     return torch.where(norms > bound, bound / norms.clamp(min=1e-300), torch.ones_like(norms))
+
+
+def update_norm(
+    global_tensors: Sequence[torch.Tensor | np.ndarray],
+    trained: Sequence[torch.Tensor | np.ndarray],
+) -> float:
+    """The L2 norm of ``trained - global`` over floating-point tensors, in float64: what a
+    client reports as ``update_norm`` under secure aggregation (integer buffers such as batch
+    counters are not parameters and are left out, as the server leaves them out)."""
+    if len(global_tensors) != len(trained):
+        raise ValueError(f"{len(trained)} trained tensors for a model of {len(global_tensors)}")
+    total = 0.0
+    for g, t in zip(global_tensors, trained, strict=True):
+        g64, t64 = torch.as_tensor(g), torch.as_tensor(t)
+        if not g64.is_floating_point():
+            continue
+        total += float((t64.to(torch.float64) - g64.to(torch.float64)).square().sum())
+    return math.sqrt(total)

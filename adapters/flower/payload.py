@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, cast
@@ -160,6 +161,16 @@ def log_errors(
     if not failed:
         return None
     return f"node {failed[0].metadata.src_node_id} replied with an error: {failed[0].error.reason}"
+
+
+def error_line(reason: str, limit: int = 300) -> str:
+    """A node's error reason in one line for a record: the last line of the traceback Flower
+    relays (its exception's message), terminal colours removed, at most ``limit`` characters."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(reason))
+    lines = [line.strip() for line in plain.splitlines() if line.strip()]
+    last = lines[-1] if lines else "no reason given"
+    last = last.split("Message: ", 1)[-1].removesuffix("'>")
+    return last if len(last) <= limit else last[: limit - 3] + "..."
 
 
 def content_order(msg: Message) -> tuple[bool, str]:

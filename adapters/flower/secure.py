@@ -27,9 +27,10 @@ mod, :func:`secagg_mod` (docs/hosts/beside.md).
 
 from __future__ import annotations
 
+import io
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import numpy as np
@@ -55,6 +56,7 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import Key as SecKey
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server import ServerConfig
 from flwr.server.client_manager import SimpleClientManager
@@ -63,13 +65,16 @@ from flwr.server.compat.legacy_context import LegacyContext
 from flwr.server.strategy import Strategy as LegacyStrategy
 from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
+from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
 from fl_adapters.config import ConfigError
 from fl_adapters.flower.config import AGGREGATOR_KEY, WHERE
-from fl_adapters.flower.payload import log_errors, reply_to_update
+from fl_adapters.flower.payload import error_line, log_errors, reply_to_update
 from fl_adapters.flower.strategy import FedBalanceStrategy, failures_named
-from fl_aggregators import ClientUpdate
+from fl_aggregators import UPDATE_NORM, ClientUpdate
+from fl_aggregators.functional import update_norm
 from fl_partitions.params import ParameterError
 
 log = logging.getLogger(__name__)
@@ -117,7 +122,7 @@ class SecAggPlusStrategy(FedBalanceStrategy):
                 "update_clip)"
             )
         # Flower checks its own parameters here (e.g. the threshold against the shares).
-        self.workflow = SecAggPlusWorkflow(
+        self.workflow = _Workflow(
             num_shares,
             reconstruction_threshold,
             max_weight=1.0,  # every client weighs 1 in the protocol: its w_i is in its model
@@ -161,14 +166,14 @@ class SecAggPlusStrategy(FedBalanceStrategy):
             key=lambda p: (not isinstance(p[0].client_id, int), str(p[0].client_id).zfill(20)),
         )
         updates: list[ClientUpdate] = [u for u, _ in pairs]
-        weighing = self.aggregator.weigh(updates, round=server_round)
+        weighing = self.aggregator.weigh(updates, round=server_round, with_norms=True)
         chosen = {
             node: (i, w)
             for i, ((_, node), w) in enumerate(zip(pairs, weighing.weights, strict=True))
             if w > 0
         }
         summed: dict[str, torch.Tensor] | None = None
-        dropped: list[int] = []
+        dropped: dict[int, str] = {}
         if len(chosen) < 2:
             log.warning(
                 "round %s: %d client(s) accepted; secure aggregation needs 2 (the sum of one "
@@ -178,7 +183,13 @@ class SecAggPlusStrategy(FedBalanceStrategy):
             )
         else:
             summed, survivors = self._secure_sum(server_round, chosen)
-            dropped = [i for node, (i, _) in chosen.items() if node not in survivors]
+            dropped = {
+                i: "dropped out after its weight was computed (SecAgg+ "
+                + self.workflow.left.get(node, "did not finish")
+                + ")"
+                for node, (i, _) in chosen.items()
+                if node not in survivors
+            }
         with failures_named(failure):
             result = self.aggregator.finish(
                 self.global_params,
@@ -187,6 +198,7 @@ class SecAggPlusStrategy(FedBalanceStrategy):
                 dropped=dropped,
                 host=self.host,
                 protocol=PROTOCOL,
+                resolution=self.workflow.resolution(),
             )
         return self.conclude(server_round, updates, result)
 
@@ -213,7 +225,17 @@ class SecAggPlusStrategy(FedBalanceStrategy):
             {Key.CURRENT_ROUND: server_round}
         )
         context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
-        self.workflow(self._grid, context)
+        self.workflow.start_round([tuple(t.shape) for t in self.global_params.values()])
+        try:
+            self.workflow(self._grid, context)
+        except Exception as e:  # a reply no check foresaw: the round is lost, not the run
+            log.warning(
+                "round %s: SecAgg+ failed (%s: %s); global model kept",
+                server_round,
+                type(e).__name__,
+                e,
+            )
+            return None, set()
         if shim.unmasked is None:
             log.warning("round %s: SecAgg+ did not finish; global model kept", server_round)
             return None, set()
@@ -230,6 +252,213 @@ class SecAggPlusStrategy(FedBalanceStrategy):
             for k, a in zip(keys, shim.unmasked, strict=True)
         )
         return summed, survivors
+
+
+class _Workflow(SecAggPlusWorkflow):
+    """Flower's SecAgg+ workflow, with two repairs it needs to keep its promises.
+
+    * **Dropouts before the masks.** Flower treats every node sampled in the setup stage and
+      missing at the end as a dropout whose pairwise masks must be removed, and asks the others
+      for its key shares. A node that left during setup or share-keys sent nobody shares and
+      was masked with by nobody, so the others fail with a ``KeyError`` and the round is lost.
+      After each of those stages the nodes that left are forgotten, as if never sampled.
+    * **Malformed replies.** A reply Flower's stages would choke on (a masked vector with a
+      missing or extra array, a wrong shape or dtype, values outside the modulus, unreadable
+      keys or share lists) is dropped before they read it, and logged with its reason: the node
+      counts as a dropout of that stage, and the protocol carries on without it.
+
+    :attr:`left` names, for each node that left this round, the stage and why.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.left: dict[int, str] = {}
+        self._shapes: list[tuple[int, ...]] = []
+
+    def start_round(self, shapes: list[tuple[int, ...]]) -> None:
+        """Before each run of the protocol: the shapes of the model the clients mask."""
+        self.left = {}
+        self._shapes = [(1,), *shapes]  # SecAgg+ puts the summed weight first
+
+    def resolution(self) -> float:
+        """The largest error per coordinate of the weighted sum ``sum_i w_i x_i``: each of the
+        ``s`` surviving values ``m * w_i * x`` is rounded to one quantization step, and the sum
+        is divided by ``m >= s``."""
+        return 2 * float(self.clipping_range) / float(self.quantization_range)
+
+    def setup_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        go = super().setup_stage(self._checked(grid, "setup", _keys_problem), context, state)
+        _forget_absent(state)
+        return go
+
+    def share_keys_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        go = super().share_keys_stage(
+            self._checked(grid, "share-keys", _shares_problem), context, state
+        )
+        _forget_absent(state)
+        return go
+
+    def collect_masked_vectors_stage(
+        self, grid: Grid, context: LegacyContext, state: WorkflowState
+    ) -> bool:
+        checked = self._checked(grid, "collect-masked-vectors", self._vector_problem)
+        return super().collect_masked_vectors_stage(checked, context, state)
+
+    def unmask_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        def problem(configs: ConfigRecord) -> str | None:
+            return _unmask_problem(configs, state.sampled_node_ids)
+
+        return super().unmask_stage(self._checked(grid, "unmask", problem), context, state)
+
+    def _checked(
+        self, grid: Grid, stage: str, problem: Callable[[ConfigRecord], str | None]
+    ) -> Grid:
+        return cast(Grid, _CheckedGrid(grid, stage, problem, self.left))
+
+    def _vector_problem(self, configs: ConfigRecord) -> str | None:
+        vector = configs.get(SecKey.MASKED_PARAMETERS)
+        if not isinstance(vector, list) or len(vector) != len(self._shapes):
+            count = len(vector) if isinstance(vector, list) else type(vector).__name__
+            return (
+                f"a masked vector of {count} arrays where SecAgg+ expects {len(self._shapes)} "
+                f"(the model's {len(self._shapes) - 1} and the weight)"
+            )
+        for i, (raw, shape) in enumerate(zip(vector, self._shapes, strict=True)):
+            why = _masked_array_problem(raw, shape, int(self.modulus_range))
+            if why is not None:
+                return f"masked array {i}: {why}"
+        return None
+
+
+class _CheckedGrid:
+    """The grid one SecAgg+ stage talks through: replies ``problem`` finds fault with are
+    dropped (logged, and noted in ``left``); nodes that failed or did not reply are noted too."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        stage: str,
+        problem: Callable[[ConfigRecord], str | None],
+        left: dict[int, str],
+    ) -> None:
+        self._grid = grid
+        self._stage = stage
+        self._problem = problem
+        self._left = left
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Any:
+        messages = list(messages)
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        kept: list[Message] = []
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                self._left.setdefault(
+                    node, f"{self._stage} stage: {error_line(reply.error.reason)}"
+                )
+                kept.append(reply)  # Flower counts it as a failure
+                continue
+            configs = reply.content.config_records.get(RECORD_KEY_CONFIGS)
+            why = "no SecAgg+ record" if configs is None else self._problem(configs)
+            if why is None:
+                kept.append(reply)
+                continue
+            log.warning(
+                "SecAgg+ %s stage: node %s's reply rejected (%s); it counts as a dropout",
+                self._stage,
+                node,
+                why,
+            )
+            self._left.setdefault(node, f"{self._stage} stage: reply rejected, {why}")
+        answered = {reply.metadata.src_node_id for reply in replies}
+        for message in messages:
+            if message.metadata.dst_node_id not in answered:
+                self._left.setdefault(
+                    message.metadata.dst_node_id, f"{self._stage} stage: no reply in time"
+                )
+        return kept
+
+
+def _forget_absent(state: WorkflowState) -> None:
+    """Nodes that left before the masks were made are no longer part of the round."""
+    state.sampled_node_ids = set(state.active_node_ids)
+    for nid, neighbours in state.nid_to_neighbours.items():
+        state.nid_to_neighbours[nid] = neighbours & state.active_node_ids
+
+
+def _keys_problem(configs: ConfigRecord) -> str | None:
+    for key in (SecKey.PUBLIC_KEY_1, SecKey.PUBLIC_KEY_2):
+        raw = configs.get(key)
+        if not isinstance(raw, bytes):
+            return f"{key} is {type(raw).__name__}, not bytes"
+        try:
+            bytes_to_public_key(raw)
+        except Exception as e:  # noqa: BLE001 - any parse failure makes the key unusable
+            return f"{key} is not a public key ({type(e).__name__})"
+    return None
+
+
+def _shares_problem(configs: ConfigRecord) -> str | None:
+    dsts = configs.get(SecKey.DESTINATION_LIST)
+    texts = configs.get(SecKey.CIPHERTEXT_LIST)
+    if not isinstance(dsts, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in dsts
+    ):
+        return "its destinations are not a list of node ids"
+    if not isinstance(texts, list) or not all(isinstance(t, bytes) for t in texts):
+        return "its ciphertexts are not a list of bytes"
+    if len(dsts) != len(texts):
+        return f"{len(texts)} ciphertexts for {len(dsts)} destinations"
+    return None
+
+
+def _unmask_problem(configs: ConfigRecord, sampled: set[int]) -> str | None:
+    nids = configs.get(SecKey.NODE_ID_LIST)
+    shares = configs.get(SecKey.SHARE_LIST)
+    if not isinstance(nids, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) for n in nids
+    ):
+        return "its node ids are not a list of ints"
+    if not isinstance(shares, list) or not all(isinstance(b, bytes) for b in shares):
+        return "its shares are not a list of bytes"
+    if len(nids) != len(shares):
+        return f"{len(shares)} shares for {len(nids)} node ids"
+    strangers = sorted(set(cast(list[int], nids)) - sampled)
+    if strangers:
+        return f"shares of nodes not in this round: {strangers[:5]}"
+    return None
+
+
+def _masked_array_problem(raw: Any, shape: tuple[int, ...], modulus: int) -> str | None:
+    """What is wrong with one serialised masked array (read from its header before any data
+    is decoded, so a header claiming a huge shape allocates nothing)."""
+    if not isinstance(raw, bytes):
+        return f"{type(raw).__name__}, not bytes"
+    buf = io.BytesIO(raw)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        got, fortran, dtype = read(buf)
+    except Exception as e:  # noqa: BLE001 - not an .npy array, whatever the parser says
+        return f"not a NumPy array ({type(e).__name__})"
+    if tuple(got) != tuple(shape):
+        return f"shape {tuple(got)}, expected {tuple(shape)}"
+    if dtype.kind not in "iu":
+        return f"dtype {dtype}, not an integer type"
+    if len(raw) - buf.tell() != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+        return f"{len(raw) - buf.tell()} bytes of data for shape {tuple(shape)} of {dtype}"
+    values = np.load(io.BytesIO(raw), allow_pickle=False)
+    if values.size and (int(values.min()) < 0 or int(values.max()) >= modulus):
+        return f"values outside [0, {modulus})"
+    del fortran
+    return None
 
 
 class _Round(LegacyStrategy):
@@ -295,8 +524,15 @@ def secagg_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
     names = list(out.content.array_records.keys())
     if len(names) != 1:
         raise ValueError(f"the train handler replied with {len(names)} ArrayRecords, not 1")
-    context.state.array_records[KEPT] = out.content.array_records[names[0]]
+    trained = out.content.array_records[names[0]]
+    context.state.array_records[KEPT] = trained
     del out.content[names[0]]  # the model never leaves the node in clear
+    given = list(msg.content.array_records.values())
+    metrics = list(out.content.metric_records.values())
+    if len(given) == 1 and len(metrics) == 1:  # else the server rejects the reply's form
+        metrics[0][UPDATE_NORM] = update_norm(
+            given[0].to_numpy_ndarrays(), trained.to_numpy_ndarrays()
+        )
     return out
 
 

@@ -4,8 +4,15 @@
 
 Writes ``OUT/final.pt`` and, for the test to compute the in-clear aggregate from the very
 models the clients masked, ``OUT/clients/r{round}_global.pt`` and ``r{round}_c{id}.pt`` (written
-by a test-only mod on the node; the server never holds them). ``--drop ROUND:CLIENT`` makes
-that client fail in SecAgg+'s masking stage of that round, after it was weighed.
+by a test-only mod on the node; the server never holds them). Test-only misbehaviour, each
+``ROUND:CLIENT[:...]`` and repeatable:
+
+* ``--drop ROUND:CLIENT[:STAGE]``: that client fails in SecAgg+'s STAGE (``setup``,
+  ``share_keys``, ``collect_masked_vectors`` (the default) or ``unmask``) of that round, after it
+  was weighed;
+* ``--truncate ROUND:CLIENT``: its masked vector misses its last array;
+* ``--lie ROUND:CLIENT:FACTOR``: it scales its model by FACTOR times the factor it was given
+  (a weight lie, invisible under masking).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from flwr.simulation import run_simulation
 from fedbalance_benchmarks.flower_app import ACTORS_ENV, backend_config, client_app, server_app
 from fedbalance_benchmarks.flower_app.task import CLIENT_KEYS, model_of
 from fl_adapters.flower.payload import to_array_record, to_state_dict
-from fl_adapters.flower.secure import SecAggPlusStrategy, secagg_mod
+from fl_adapters.flower.secure import SCALE_KEY, SecAggPlusStrategy, secagg_mod
 from fl_adapters.flower.strategy import FedBalanceStrategy
 from fl_adapters.flower.trainer import partition_id
 
@@ -37,7 +44,9 @@ cli.add_argument("--aggregator", default="fedloss")
 cli.add_argument("--aggregator-args", default="{}")
 cli.add_argument("--rounds", type=int, default=2)
 cli.add_argument("--nodes", type=int, default=3)
-cli.add_argument("--drop", default="", help="ROUND:CLIENT")
+cli.add_argument("--drop", action="append", default=[], help="ROUND:CLIENT[:STAGE]")
+cli.add_argument("--truncate", action="append", default=[], help="ROUND:CLIENT")
+cli.add_argument("--lie", action="append", default=[], help="ROUND:CLIENT:FACTOR")
 cli.add_argument("--clear", action="store_true", help="FedBalanceStrategy in clear (timing)")
 args = cli.parse_args()
 DUMP = args.out / "clients"
@@ -73,22 +82,39 @@ def dump_mod(msg: Message, context: Context, call_next: Any) -> Message:
     return out
 
 
-def drop_mod(msg: Message, context: Context, call_next: Any) -> Message:
-    """Test only: fail SecAgg+'s masking stage for one client in one round."""
-    if args.drop and RECORD_KEY_CONFIGS in msg.content.config_records:
-        stage = msg.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE)
-        config = msg.content.config_records.get("fitins.config", ConfigRecord())
-        r, c = (int(x) for x in args.drop.split(":"))
-        if (
-            stage == Stage.COLLECT_MASKED_VECTORS
-            and int(config.get("server-round", -1)) == r
-            and partition_id(context) == c
-        ):
-            raise RuntimeError(f"client {c} drops out of round {r}")
-    return call_next(msg, context)
+def _matches(specs: list[str], msg: Message, context: Context) -> list[list[str]]:
+    """The specs ``ROUND:CLIENT[:...]`` naming this message's round and this node (the
+    rest of each)."""
+    r, c = int(msg.metadata.group_id or -1), partition_id(context)
+    return [
+        rest
+        for spec in specs
+        for (sr, sc, *rest) in [spec.split(":")]
+        if (int(sr), int(sc)) == (r, c)
+    ]
 
 
-clients = ClientApp(mods=[] if args.clear else [drop_mod, secagg_mod, dump_mod])
+def misbehave_mod(msg: Message, context: Context, call_next: Any) -> Message:
+    """Test only: the misbehaviour the command line asks of this node in this round."""
+    if RECORD_KEY_CONFIGS not in msg.content.config_records:
+        return call_next(msg, context)
+    stage = msg.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE)
+    for rest in _matches(args.drop, msg, context):
+        if stage == (rest[0] if rest else Stage.COLLECT_MASKED_VECTORS):
+            raise RuntimeError(f"client {partition_id(context)} drops out in {stage}")
+    if stage != Stage.COLLECT_MASKED_VECTORS:
+        return call_next(msg, context)
+    for (factor,) in _matches(args.lie, msg, context):
+        config = msg.content.config_records["fitins.config"]
+        config[SCALE_KEY] = float(config[SCALE_KEY]) * float(factor)
+    out = call_next(msg, context)
+    if _matches(args.truncate, msg, context) and not out.has_error():
+        record = out.content.config_records[RECORD_KEY_CONFIGS]
+        record[Key.MASKED_PARAMETERS] = list(record[Key.MASKED_PARAMETERS])[:-1]
+    return out
+
+
+clients = ClientApp(mods=[] if args.clear else [misbehave_mod, secagg_mod, dump_mod])
 clients.train()(client_app.train)
 clients.evaluate()(client_app.evaluate)
 clients.query()(client_app.query)
