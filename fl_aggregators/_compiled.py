@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from fl_aggregators._kernels import BLOCK, REGISTER_CLIENTS, _batcher, _network
+from fl_aggregators._networks import BLOCK, REGISTER_CLIENTS, _batcher, _network
 
 
 def _has_avx() -> bool:

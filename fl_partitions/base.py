@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -223,3 +223,61 @@ def _is_identity(kept: IntArray, n: int) -> bool:
         and int(kept[-1]) == n - 1
         and bool(np.all(kept[1:] > kept[:-1]))
     )
+
+
+#: A name -> class lookup for nested specs (the plugin registry passes its own).
+Lookup = Callable[[str], type[Partitioner]]
+#: The built-in partitioners by name. :mod:`fl_partitions.builtin` fills it when the package is
+#: imported; nested specs (``mixed``'s components, ``global_imbalance``'s ``then``) built
+#: without a registry's lookup resolve here. A table filled from above, so that the
+#: partitioners that nest specs never import the module that lists them.
+BUILTIN_TABLE: dict[str, type[Partitioner]] = {}
+#: Spec -> partitioner, as :func:`make_partitioner` with a lookup bound.
+Resolve = Callable[[dict[str, Any] | str], Partitioner]
+
+
+def partitioner_class(
+    spec: dict[str, Any] | str, lookup: Lookup | None = None
+) -> type[Partitioner]:
+    """The class a spec names, without building it (so nesting can be refused first)."""
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ParameterError(f"a partitioner spec must be a mapping with a 'name', got {spec!r}")
+    if lookup is not None:
+        return lookup(spec["name"])
+    name = spec["name"].lower()
+    if name not in BUILTIN_TABLE:
+        raise ParameterError(
+            f"unknown partitioner {spec['name']!r}; available: {', '.join(sorted(BUILTIN_TABLE))}"
+        )
+    return BUILTIN_TABLE[name]
+
+
+def make_partitioner(spec: dict[str, Any] | str, lookup: Lookup | None = None) -> Partitioner:
+    """Build a partitioner from ``{"name": ..., **params}`` (or a bare name).
+
+    ``lookup`` maps a name to a class (the plugin registry passes its own); by default only
+    the built-ins are known. A partitioner that nests specs (it takes ``resolve``) resolves
+    them with the same lookup. Unknown parameters are a ``ParameterError`` naming them and the
+    accepted ones.
+    """
+    cls = partitioner_class(spec, lookup)
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    params = {k: v for k, v in spec.items() if k != "name"}
+    accepted = cls._param_names()
+    if "resolve" in accepted:
+        params.setdefault("resolve", resolver(lookup))
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ParameterError(
+            f"{cls.name}: unknown parameter(s) {', '.join(unknown)}; accepted: "
+            f"{', '.join(p for p in accepted if p != 'resolve') or '(none)'}"
+        )
+    return cls(**params)
+
+
+def resolver(lookup: Lookup | None = None) -> Resolve:
+    """:func:`make_partitioner` with ``lookup`` bound (the built-ins when ``None``)."""
+    return lambda spec: make_partitioner(spec, lookup)

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from fl_partitions._alloc import OwnerArray, class_positions
 from fl_partitions._limits import MAX_CLASSES
-from fl_partitions.base import IntArray, Partitioner
+from fl_partitions.base import IntArray, Partitioner, Resolve, resolver
 from fl_partitions.iid import IID
 from fl_partitions.mixed import Mixed
 from fl_partitions.params import ParameterError, check_positive_float, check_positive_int
@@ -100,16 +100,19 @@ def profile_proportions(
     return w / w.sum()
 
 
-def _split_scheme(then: Partitioner | dict[str, Any] | None) -> Partitioner | None:
-    """``then`` as a partitioner: a split scheme, not ``mixed`` (checked before building it,
-    so a spec nested thousands deep is refused at the first level, not by recursion)."""
+def _split_scheme(
+    then: Partitioner | dict[str, Any] | None, resolve: Resolve | None
+) -> Partitioner | None:
+    """``then`` as a partitioner: a split scheme, not ``mixed`` (a spec's name is checked
+    before it is built, so a spec nested thousands deep is refused at the first level, not by
+    recursion; its kind once built, with whatever lookup ``resolve`` carries)."""
     if then is None:
         return None
     if isinstance(then, dict):
-        from fl_partitions.builtin import make_partitioner, partitioner_class
-
-        _check_then(partitioner_class(then))
-        then = make_partitioner(then)
+        name = str(then.get("name", "")).lower()
+        if name in (Mixed.name, GlobalImbalance.name):
+            _check_then(Mixed if name == Mixed.name else GlobalImbalance)
+        then = (resolve or resolver())(then)
     if not isinstance(then, Partitioner):
         raise ParameterError(f"then must be a partitioner or a spec dict, got {then!r}")
     _check_then(type(then))
@@ -141,6 +144,7 @@ class GlobalImbalance(Partitioner):
         proportions: Sequence[float] | None = None,
         max_samples: int | None = None,
         then: Partitioner | dict[str, Any] | None = None,
+        resolve: Resolve | None = None,
     ) -> None:
         if profile not in PROFILES:
             raise ParameterError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
@@ -166,7 +170,10 @@ class GlobalImbalance(Partitioner):
         self.max_samples = (
             None if max_samples is None else check_positive_int("max_samples", max_samples)
         )
-        self.then = _split_scheme(then)
+        self.then = _split_scheme(then, resolve)
+
+    def get_params(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._param_names() if k != "resolve"}
 
     def spec(self) -> dict[str, Any]:
         out = super().spec()

@@ -10,14 +10,14 @@ picks the samples, a ``split`` scheme (``iid``, ``label_dirichlet``, ``label_qua
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fl_partitions._alloc import OwnerArray
-from fl_partitions.base import KINDS, IntArray, Partitioner
+from fl_partitions.base import KINDS, IntArray, Partitioner, Resolve, resolver
 from fl_partitions.iid import IID
 from fl_partitions.params import ParameterError
 
@@ -37,7 +37,7 @@ class Mixed(Partitioner):
         self,
         *,
         components: Sequence[Partitioner | dict[str, Any]] = THESIS_MIXED,
-        resolve: Callable[[dict[str, Any]], Partitioner] | None = None,
+        resolve: Resolve | None = None,
     ) -> None:
         if (
             isinstance(components, (str, bytes))
@@ -53,9 +53,7 @@ class Mixed(Partitioner):
                 f"{', '.join(KINDS)}), got {len(components)}"
             )
         if resolve is None:
-            from fl_partitions.builtin import make_partitioner
-
-            resolve = make_partitioner
+            resolve = resolver()
         built = []
         for c in components:
             # Refused before it is built: a mixed spec nested thousands deep stops here.

@@ -27,7 +27,7 @@ from fl_adapters.registry import (
     get_registry,
 )
 from fl_aggregators import FedAvg
-from fl_partitions import IID, Partitioner
+from fl_partitions import IID, ParameterError, Partitioner, make_partitioner
 
 BUILTIN_PARTITIONERS = {
     "iid",
@@ -188,6 +188,19 @@ def test_third_party_component_inside_mixed(with_entry_points) -> None:  # type:
     )
     assert [ix.tolist() for ix in part.client_indices] == [[0, 2, 4], [1, 3, 5]]
     assert part.noise_std.tolist() == [0.0, 1.0]
+
+
+def test_third_party_split_inside_global_imbalance_then(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    """``then:`` resolves through the registry that builds ``global_imbalance``, so a
+    registered split scheme works there as it does inside ``mixed``."""
+    with_entry_points(every_other_plugin())
+    spec = {"name": "global_imbalance", "profile": "zipf", "then": {"name": "every_other"}}
+    part = Registry().make_partitioner(spec).partition(np.repeat([0, 1], [6, 6]), 2, seed=0)
+    owners = sorted(i for ix in part.client_indices for i in ix.tolist())
+    assert len(owners) == 6 + 3  # zipf keeps 6 of class 0 and 3 of class 1
+    assert [len(ix) for ix in part.client_indices] == [5, 4]  # round-robin over the 9 kept
+    with pytest.raises(ParameterError, match="unknown partitioner 'every_other'"):
+        make_partitioner(spec)  # the built-ins alone do not know it
 
 
 def test_plugin_that_fails_to_import_is_named_with_its_cause(with_entry_points) -> None:  # type: ignore[no-untyped-def]
