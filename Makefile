@@ -42,7 +42,7 @@ DOCS_SPEC := mkdocs==1.6.1 mkdocs-material==9.8.2 mkdocstrings==1.0.8 mkdocstrin
 # fl_adapters.fedml.runner took, a few tenths of a second of `import fedml`'s 8 (that one within
 # its run-to-run spread): too little to show in a whole `make test` here (its times: see test).
 # compileall writes only what is missing or stale: a second or less.
-SOURCES := fl_aggregators fl_partitions adapters benchmarks
+SOURCES := fl_checks fl_aggregators fl_partitions adapters benchmarks
 
 setup: system-deps $(VENV)/.installed
 	@$(PY) -m compileall -q $(SOURCES)
@@ -118,9 +118,10 @@ demo: setup
 	$(VENV)/bin/fedbalance demo --out runs/demo
 
 lint: setup
-	$(PY) -m ruff check fl_aggregators fl_partitions adapters benchmarks tests tools docs/hooks.py
-	$(PY) -m ruff format --check fl_aggregators fl_partitions adapters benchmarks tests tools docs/hooks.py
+	$(PY) -m ruff check fl_checks fl_aggregators fl_partitions adapters benchmarks tests tools docs/hooks.py
+	$(PY) -m ruff format --check fl_checks fl_aggregators fl_partitions adapters benchmarks tests tools docs/hooks.py
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 # The main suite and a side lane (the Flower suite, then ruff and mypy and the docs) run side by
 # side. Run one test at a time on 2 cores, the main suite's tests took 1,465 CPU-s (the machine's,

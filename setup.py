@@ -40,6 +40,7 @@ except ImportError:  # pragma: no cover - setuptools < 64
 
 #: import name -> source folder
 ROOTS = {
+    "fl_checks": "fl_checks",
     "fl_aggregators": "fl_aggregators",
     "fl_partitions": "fl_partitions",
     "fl_adapters": "adapters",

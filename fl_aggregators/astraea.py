@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from fl_aggregators.astraea_plan import check_count_clip, check_tau_d
 from fl_aggregators.fedavg import FedAvg
-from fl_partitions.params import ParameterError, check_flag, check_int_range, check_positive_int
+from fl_checks import ParameterError, check_flag, check_int_range, check_positive_int
 
 #: Largest ``mediator_epochs``: every pass trains each member again, so the round's work
 #: grows with it (the paper passes once).

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fl_partitions.params import ParameterError, check_float, check_positive_int
+from fl_checks import ParameterError, check_float, check_positive_int
 
 
 def _kl_uniform(counts: NDArray[np.float64]) -> NDArray[np.float64]:

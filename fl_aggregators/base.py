@@ -45,7 +45,7 @@ from fl_aggregators._tensors import placed_like, rebuild, structure_mismatch, te
 from fl_aggregators.functional import all_finite_many, update_norm
 from fl_aggregators.record import record
 from fl_aggregators.update import ClientUpdate, Params
-from fl_partitions.params import FedbalanceError, ParameterError, check_int_range, shown
+from fl_checks import FedbalanceError, ParameterError, check_int_range, shown
 
 log = logging.getLogger(__name__)
 

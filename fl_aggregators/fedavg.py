@@ -48,7 +48,7 @@ from fl_aggregators.functional import (
     weighted_means,
 )
 from fl_aggregators.update import ClientUpdate
-from fl_partitions.params import check_float
+from fl_checks import check_float
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import torch
 
 from fl_aggregators.fedavg import FedAvg
 from fl_aggregators.functional import momentum_step
-from fl_partitions.params import ParameterError, check_float
+from fl_checks import ParameterError, check_float
 
 
 class FedAvgM(FedAvg):

@@ -24,7 +24,7 @@ from fl_aggregators.fedavg import SAMPLE_CLIP, FedAvg, check_clip
 from fl_aggregators.fedloss import FedLoss
 from fl_aggregators.functional import bound_losses, normalize
 from fl_aggregators.update import ClientUpdate
-from fl_partitions.params import check_flag, check_float
+from fl_checks import check_flag, check_float
 
 
 class FedLossN(FedLoss):

@@ -24,7 +24,7 @@ import math
 import os
 from typing import Any
 
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
 ENV = "FEDBALANCE_RECORD"

@@ -1,5 +1,6 @@
 """Non-IID partitioners for federated-learning simulation (numpy; torch only for transforms)."""
 
+from fl_checks import FedbalanceError, ParameterError
 from fl_partitions.base import Partitioner
 from fl_partitions.builtin import BUILTIN_PARTITIONERS, make_partitioner
 from fl_partitions.feature_noise import FeatureNoise
@@ -8,7 +9,6 @@ from fl_partitions.iid import IID
 from fl_partitions.label_dirichlet import LabelDirichlet
 from fl_partitions.label_quantity import LabelQuantity
 from fl_partitions.mixed import Mixed
-from fl_partitions.params import FedbalanceError, ParameterError
 from fl_partitions.partition import Partition, PartitionFileError
 from fl_partitions.quantity_dirichlet import QuantityDirichlet
 

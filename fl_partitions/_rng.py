@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 SeedLike = int | np.random.Generator | None
 

@@ -23,16 +23,16 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from fl_partitions._alloc import OwnerArray, group_order
-from fl_partitions._limits import MAX_CELLS, MAX_CLASSES, MAX_CLIENTS, MAX_TRIES
-from fl_partitions._rng import SeedLike, as_generator, seed_int
-from fl_partitions.params import (
+from fl_checks import (
     ParameterError,
     check_fractions,
     check_int_range,
     check_positive_float,
     check_positive_int,
 )
+from fl_partitions._alloc import OwnerArray, group_order
+from fl_partitions._limits import MAX_CELLS, MAX_CLASSES, MAX_CLIENTS, MAX_TRIES
+from fl_partitions._rng import SeedLike, as_generator, seed_int
 from fl_partitions.partition import DEFAULT_SPLIT, SPLIT_NAMES, Partition
 
 IntArray = NDArray[np.int64]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from fl_checks import check_positive_float
 from fl_partitions.iid import IID
-from fl_partitions.params import check_positive_float
 
 
 class FeatureNoise(IID):

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fl_checks import ParameterError, check_positive_float, check_positive_int
 from fl_partitions._alloc import OwnerArray, class_positions
 from fl_partitions._limits import MAX_CLASSES
 from fl_partitions.base import IntArray, Partitioner, Resolve, resolver
 from fl_partitions.iid import IID
 from fl_partitions.mixed import Mixed
-from fl_partitions.params import ParameterError, check_positive_float, check_positive_int
 
 # Relative frequency (%) of English letters in text, a..z (Lewand, "Cryptological Mathematics").
 LETTER_FREQUENCIES = (

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fl_checks import ParameterError, check_int_range
 from fl_partitions._alloc import OwnerArray, assign_counts, class_positions, even_counts, owners
 from fl_partitions._limits import MAX_CLASSES
 from fl_partitions.base import IntArray, Partitioner
-from fl_partitions.params import ParameterError, check_int_range
 
 
 def class_sets(num_clients: int, num_classes: int, k: int, rng: np.random.Generator) -> IntArray:

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fl_checks import ParameterError
 from fl_partitions._alloc import OwnerArray
 from fl_partitions.base import KINDS, IntArray, Partitioner, Resolve, resolver
 from fl_partitions.iid import IID
-from fl_partitions.params import ParameterError
 
 THESIS_MIXED: tuple[dict[str, Any], ...] = (
     {"name": "label_dirichlet", "beta": 0.5},

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fl_checks import FedbalanceError
 from fl_partitions._rng import derived_generator
-from fl_partitions.params import FedbalanceError
 from fl_partitions.stats import class_count_matrix, summarize
 
 IntArray = NDArray[np.int64]

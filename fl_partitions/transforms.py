@@ -24,7 +24,7 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
