@@ -221,14 +221,19 @@ class Aggregator(ABC):
         *,
         round: int | None = None,
         host: str = "python",
+        refused: Mapping[int, str] | None = None,
     ) -> AggregationResult:
-        """Aggregate one round (see the module docstring for the steps)."""
+        """Aggregate one round (see the module docstring for the steps).
+
+        ``refused``: updates (by index) the host refuses before any check, with its reason
+        (e.g. a sender that is not a member of the deployment); they are rejected, logged and
+        recorded like any other rejection."""
         started = time.perf_counter()
         self.round = self.round + 1 if round is None else int(round)
         ids = [u.client_id if u.client_id is not None else i for i, u in enumerate(updates)]
-        rejected: dict[int, str] = {}
+        rejected: dict[int, str] = dict(refused or {})
         for i, u in enumerate(updates):
-            reason = self.check(global_params, u)
+            reason = None if i in rejected else self.check(global_params, u)
             if reason is not None:
                 rejected[i] = reason
         global_tensors = tensors_of(global_params)
@@ -311,6 +316,7 @@ class Aggregator(ABC):
         *,
         round: int | None = None,
         with_norms: bool = False,
+        refused: Mapping[int, str] | None = None,
     ) -> Weighing:
         """This round's client weights from sample counts and metrics alone.
 
@@ -318,6 +324,7 @@ class Aggregator(ABC):
         :meth:`aggregate`'s that read scalars; a client the scalars reject gets weight 0.
         ``with_norms``: each client must also report :data:`UPDATE_NORM` (a client that does
         not is rejected), and :meth:`finish` holds the unmasked sum to those reports.
+        ``refused`` as in :meth:`aggregate`.
         """
         reason = self.secure_refusal()
         if reason is not None:
@@ -325,7 +332,12 @@ class Aggregator(ABC):
         self.round = self.round + 1 if round is None else int(round)
         self._take_extra()  # nothing left over from an earlier round
         ids = [u.client_id if u.client_id is not None else i for i, u in enumerate(updates)]
-        rejected = {i: r for i, u in enumerate(updates) if (r := self.check_scalars(u)) is not None}
+        rejected = dict(refused or {})
+        rejected.update(
+            (i, r)
+            for i, u in enumerate(updates)
+            if i not in rejected and (r := self.check_scalars(u)) is not None
+        )
         norms: list[float] | None = None
         if with_norms:
             norms = [_reported_norm(u) for u in updates]

@@ -139,7 +139,7 @@ class AstraeaStrategy(FedBalanceStrategy):
         """Runs this round's mediator chains through ``grid``; returns no message, so
         Flower's loop goes straight to :meth:`aggregate_train` with the mediators' models."""
         if self.planner is None:
-            self.planner = self.plan(grid, sorted(grid.get_node_ids()), config)
+            self.planner = self.plan(grid, sorted(self.members_only(grid.get_node_ids())), config)
             check_plan(self.resumed_plan, self.planner.plan.as_dict())
         nodes = self.sample(grid, self.fraction_train, self.min_train_nodes)
         node_of = {client: node for node, client in self.client_ids.items()}

@@ -4,15 +4,30 @@
 :class:`~fl_adapters.config.RunConfig`, each client one node holding its partition (docs/run.md).
 
 :func:`run_deployment` starts ``flower-superlink`` and one ``flower-supernode`` per partition on
-127.0.0.1 (free ports, no TLS), submits the app with ``flwr run APP local-deployment --stream``
-and stops every process it started when the run ends, fails or overruns its deadline. The
-``flwr`` command line reads the SuperLink's address from ``$FLWR_HOME/config.toml``; the runner
-writes one in its own work directory, so the user's ``~/.flwr`` is never read or changed.
+127.0.0.1 (free ports), submits the app with ``flwr run APP local-deployment --stream`` and
+stops every process it started when the run ends, fails or overruns its deadline. The ``flwr``
+command line reads the SuperLink's address from ``$FLWR_HOME/config.toml``; the runner writes
+one in its own work directory, so the user's ``~/.flwr`` is never read or changed.
 
-Verified with flwr 1.41.0: the SuperLink serves the Fleet and Control APIs over HTTP on one
-``--port``; each SuperNode takes ``--superlink``, ``--node-config`` and its own ``--port``;
-runtime dependency installation (``uv sync`` of the app's dependencies) is turned off, since
-the app runs in the environment that started it.
+The deployment admits only what the runner started (docs/hosts/flower.md, "Who can join"),
+with keys made for the run in ``WORK/keys`` (:mod:`fl_adapters.flower.pki`):
+
+* every API of the SuperLink is served over TLS, with a certificate of the run's own CA;
+* ``--enable-supernode-auth``: a SuperNode gets in only with a key the runner registered
+  (``flwr supernode register``) before starting it, and signs every request with it;
+* the Control API serves only the holder of the run's token
+  (:mod:`fl_adapters.flower.superlink`), which only the runner's ``flwr`` has: no one else
+  can start a run of another app, register a key, stop the run or read its logs;
+* ``--isolation process``: the runner starts each ``flower-superexec`` with the run's secret,
+  and the Runtime APIs give an app's task (the global model, a node's reply) to no one else;
+* the ServerApp learns the registered node ids and their partitions (:data:`~fl_adapters.
+  flower.membership.MEMBERS_ENV`), sends messages to those nodes only and refuses any other
+  reply (:mod:`fl_adapters.flower.membership`).
+
+Verified with flwr 1.41.0 and 1.42.0: the SuperLink serves the Fleet, Control and Runtime APIs
+over HTTP(S) on one ``--port``; each SuperNode takes ``--superlink``, ``--node-config`` and its
+own ``--port``; runtime dependency installation (``uv sync`` of the app's dependencies) is
+turned off, since the app runs in the environment that started it.
 """
 
 from __future__ import annotations
@@ -24,7 +39,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +49,9 @@ from fl_adapters.config import ConfigError, RunConfig, RunFailed
 from fl_adapters.experiment import check, run_summary
 from fl_adapters.flower import checkpoint
 from fl_adapters.flower.config import CHECKPOINT_KEY, EVAL_EVERY_KEY, EVAL_FRACTION_KEY, RESUME_KEY
+from fl_adapters.flower.membership import MEMBERS_ENV, write_members
+from fl_adapters.flower.pki import RunKeys, make_run_keys
+from fl_adapters.flower.superlink import write_cli_credentials
 from fl_adapters.processes import (
     free_ports,
     kill_all,
@@ -58,10 +76,13 @@ class DeploymentFailed(RuntimeError):
 
 @dataclass
 class Deployment:
-    """What a finished deployment run left: its ports, work directory and the streamed log."""
+    """What a deployment run left: its ports, keys, members (node id -> partition id), the
+    processes' logs and the streamed log of ``flwr run``."""
 
     superlink_port: int
     supernode_ports: list[int]
+    keys: RunKeys | None = None
+    members: dict[int, int] = field(default_factory=dict)
     log: str = ""
     logs: dict[str, Path] = field(default_factory=dict)
 
@@ -80,39 +101,55 @@ def run_deployment(
     run_config: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     timeout: float = 600.0,
+    on_started: Callable[[Deployment], None] | None = None,
 ) -> Deployment:
     """Run ``app_dir`` once in a fresh local deployment and stop all of it.
+
+    The deployment admits only its own members (see the module docstring): TLS with a
+    certificate of the run's own CA, SuperNodes authenticated by keys the runner registered,
+    the Control API behind the run's token, each app process run by a SuperExec holding the
+    run's secret, and the strategy told which node serves which partition.
 
     Parameters
     ----------
     app_dir : the Flower app (a folder with ``pyproject.toml``).
-    workdir : where ``FLWR_HOME`` and the processes' logs go.
+    workdir : where ``FLWR_HOME``, the keys (``keys/``) and the processes' logs go.
     num_supernodes : SuperNodes to start; node ``i`` gets ``partition-id=i`` and
         ``num-partitions=num_supernodes``.
     run_config : ``--run-config`` overrides, e.g. ``["aggregator='fedloss'"]``.
     env : extra environment for every process (e.g. ``FEDBALANCE_RECORD``).
     timeout : seconds for the whole run, start-up included.
+    on_started : called with the :class:`Deployment` once ``flwr run`` has been started
+        (its ``keys`` and ``members`` filled in), while the run goes on.
 
     Raises
     ------
     DeploymentFailed
-        A process died, ``flwr run`` failed, or the run overran ``timeout``; every process
-        has been stopped and the message names the first failure and where its log is.
+        A process died, a node could not be registered, ``flwr run`` failed, or the run
+        overran ``timeout``; every process has been stopped and the message names the first
+        failure and where its log is.
     """
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     port, *node_ports = free_ports(1 + num_supernodes, IP)
+    keys = make_run_keys(work / "keys", num_supernodes)
+    address = f"{IP}:{port}"
     home = work / "flwr-home"
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(  # the `flwr` CLI's SuperLink
         f'[superlink]\ndefault = "{FEDERATION}"\n\n'
-        f'[superlink.{FEDERATION}]\naddress = "{IP}:{port}"\ninsecure = true\n'
+        f'[superlink.{FEDERATION}]\naddress = "{address}"\n'
+        f"root-certificates = {json.dumps(str(keys.ca_cert))}\n"
     )
+    write_cli_credentials(home, address, keys.token())
+    members_file = work / "members.json"
+    members_file.unlink(missing_ok=True)  # written once this run's nodes are registered
     # Flower's processes start each other by name (the SuperLink runs `flower-superexec`, which
     # runs `flwr-serverapp`): this environment's commands come first on PATH.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     environ = {**os.environ, "FLWR_HOME": str(home), **(env or {}), "PATH": path}
-    dep = Deployment(port, node_ports)
+    environ[MEMBERS_ENV] = str(members_file)
+    dep = Deployment(port, node_ports, keys=keys)
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     helpers: set[int] = set()  # the processes Flower started below them
 
@@ -122,27 +159,53 @@ def run_deployment(
         procs.append((name, start_logged(argv, dep.logs[name], env=environ, cwd=work)))
         return procs[-1][1]
 
+    def superexec(name: str, runtime: list[str], parent: subprocess.Popen[bytes]) -> None:
+        # Started by the runner, not by Flower's subprocess isolation: only then does the
+        # Runtime API ask the SuperExec for the run's secret before handing it an app's task.
+        start(
+            name,
+            [_bin("flower-superexec"), *runtime, "--superexec-auth-secret-file",
+             str(keys.superexec_secret), "--parent-pid", str(parent.pid)],
+        )  # fmt: skip
+
     deadline = time.monotonic() + timeout
     try:
         link = start(
             "superlink",
-            [_bin("flower-superlink"), "--insecure", "--host", IP, "--port", str(port),
-             "--disable-runtime-dependency-installation"],
+            [sys.executable, "-m", "fl_adapters.flower.superlink", str(keys.control_token),
+             "--host", IP, "--port", str(port), "--ssl-ca-certfile", str(keys.ca_cert),
+             "--ssl-certfile", str(keys.server_cert), "--ssl-keyfile", str(keys.server_key),
+             "--enable-supernode-auth", "--isolation", "process", "--superexec-auth-secret-file",
+             str(keys.superexec_secret), "--disable-runtime-dependency-installation"],
         )  # fmt: skip
         why = wait_listening(IP, port, min(60.0, timeout), proc=link)
         if why is not None:
             raise DeploymentFailed(f"flower-superlink {why}")
+        superexec(
+            "superlink superexec",
+            ["--root-certificates", str(keys.ca_cert), "--runtime-api-address", address],
+            link,
+        )
+        dep.members = register_nodes(keys, environ, work, deadline - time.monotonic())
+        write_members(members_file, dep.members)
         for i, node_port in enumerate(node_ports):
-            start(
+            node = start(
                 f"supernode {i}",
-                [_bin("flower-supernode"), "--insecure", "--superlink", f"{IP}:{port}",
+                [_bin("flower-supernode"), "--superlink", address, "--root-certificates",
+                 str(keys.ca_cert), "--auth-supernode-private-key", str(keys.node_keys[i]),
                  "--node-config", f"partition-id={i} num-partitions={num_supernodes}",
-                 "--host", IP, "--port", str(node_port)],
+                 "--host", IP, "--port", str(node_port), "--isolation", "process",
+                 "--superexec-auth-secret-file", str(keys.superexec_secret)],
             )  # fmt: skip
+            # A SuperNode's Runtime API serves plain HTTP on 127.0.0.1 (its callers sign)
+            runtime = ["--insecure", "--runtime-api-address", f"{IP}:{node_port}"]
+            superexec(f"supernode {i} superexec", runtime, node)
         argv = [_bin("flwr"), "run", str(Path(app_dir).resolve()), FEDERATION, "--stream"]
         for override in run_config:
             argv += ["--run-config", override]
         cli = start("flwr run", argv)
+        if on_started is not None:
+            on_started(dep)
         # The run is over when `flwr run` is; the SuperLink and SuperNodes never exit by
         # themselves. watch stops every process (and the helpers below them) either way.
         failed = watch(procs, deadline - time.monotonic(), until=cli, helpers=helpers)
@@ -156,6 +219,49 @@ def run_deployment(
         _sweep({proc.pid for _, proc in procs} | helpers, [port, *node_ports])
     dep.log = dep.logs["flwr run"].read_text(errors="replace")
     return dep
+
+
+def register_nodes(
+    keys: RunKeys, environ: Mapping[str, str], work: Path, timeout: float
+) -> dict[int, int]:
+    """Register each SuperNode's public key with the SuperLink (``flwr supernode register``,
+    as many at once as there are CPUs); node id -> partition id."""
+    deadline = time.monotonic() + timeout
+    todo = list(range(len(keys.node_keys)))
+    running: list[tuple[int, subprocess.Popen[bytes]]] = []
+    members: dict[int, int] = {}
+    try:
+        while todo or running:
+            while todo and len(running) < max(2, os.cpu_count() or 1):
+                i = todo.pop(0)
+                argv = [_bin("flwr"), "supernode", "register", str(keys.node_public(i))]
+                argv += [FEDERATION, "--format", "json"]
+                pipe, both = subprocess.PIPE, subprocess.STDOUT
+                proc = subprocess.Popen(argv, env=dict(environ), cwd=work, stdout=pipe, stderr=both)
+                running.append((i, proc))
+            i, proc = running[0]
+            try:
+                printed, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise DeploymentFailed(f"flwr supernode register of node {i} timed out") from None
+            running.pop(0)
+            members[_registered(i, printed.decode(errors="replace"))] = i
+    finally:
+        for _, proc in running:  # after a failure
+            proc.kill()
+            proc.wait()
+    return members
+
+
+def _registered(i: int, output: str) -> int:
+    """The node id ``flwr supernode register --format json`` printed for node ``i``."""
+    try:
+        answer = json.loads(output[output.index("{") :])
+        if answer.get("success"):
+            return int(answer["node-id"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise DeploymentFailed(f"flwr supernode register of node {i} failed: {output.strip()}")
 
 
 def _sweep(pids: set[int], ports: list[int], seconds: float = 10.0) -> None:

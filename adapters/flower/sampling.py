@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_adapters._training import evaluated_clients
+from fl_adapters.flower.membership import load_members
 from fl_adapters.flower.payload import IDENTIFY, QUERY_KEY, reported_client
 from fl_adapters.sampling import sample_round
 
@@ -75,6 +76,25 @@ class NodeSampling:
         self.read_engine = True
         #: Seconds to wait for the nodes' answers to :meth:`identify`.
         self.identify_timeout = 300.0
+        #: Node id -> partition of a deployment's registered nodes (:mod:`.membership`): only
+        #: they are sent messages, and their partitions are known without asking.
+        self.members = load_members()
+        if self.members is not None:
+            self.client_ids.update(self.members)
+            self.read_engine = False
+
+    def members_only(self, nodes: Iterable[int]) -> list[int]:
+        """``nodes`` less those outside the deployment's members (all of them when the
+        members are not known), with a warning naming the ones left out."""
+        nodes = list(nodes)
+        if self.members is None:
+            return nodes
+        outside = [n for n in nodes if n not in self.members]
+        if outside:
+            log.warning(
+                "nodes %s are connected but not members of this deployment: left out", outside
+            )
+        return [n for n in nodes if n in self.members]
 
     def sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
         """Node ids for one round: ``max(fraction * connected, minimum)``, seeded.
@@ -85,6 +105,7 @@ class NodeSampling:
         # sample_nodes waits until enough nodes are connected; asking it for 0 nodes means it
         # draws nothing from the global RNG, and this strategy's RNG chooses.
         _, connected = sample_nodes(grid, max(self.min_available_nodes, minimum), 0)
+        connected = self.members_only(connected)
         size = min(len(connected), max(int(len(connected) * fraction), minimum))
         if size == len(connected):
             return sorted(connected)  # everyone: no draw, so the RNG stream does not depend on it
@@ -164,6 +185,7 @@ class NodeSampling:
         this round, nodes ordered by client id as for training."""
         assert self.evaluate_fraction is not None
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)
+        connected = self.members_only(connected)
         chosen = evaluated_clients(len(connected), self.evaluate_fraction, self.seed, server_round)
         if len(chosen) == len(connected):
             return sorted(connected)

@@ -71,9 +71,10 @@ from flwr.supercore.primitives.asymmetric import bytes_to_public_key
 
 from fl_adapters.config import ConfigError
 from fl_adapters.flower.config import AGGREGATOR_KEY, WHERE
+from fl_adapters.flower.membership import member_updates
 from fl_adapters.flower.payload import error_line, log_errors, reply_to_update
 from fl_adapters.flower.strategy import FedBalanceStrategy, failures_named
-from fl_aggregators import UPDATE_NORM, ClientUpdate
+from fl_aggregators import UPDATE_NORM
 from fl_aggregators.functional import update_norm
 from fl_partitions.params import ParameterError
 
@@ -161,12 +162,13 @@ class SecAggPlusStrategy(FedBalanceStrategy):
         if failure is not None:
             self.last_failure = failure
         self.check_read_clients(replies)
-        pairs = sorted(
-            ((reply_to_update(m, with_params=False), m.metadata.src_node_id) for m in ok),
-            key=lambda p: (not isinstance(p[0].client_id, int), str(p[0].client_id).zfill(20)),
+        updates, refused, nodes = member_updates(
+            ok, self.members, lambda m: reply_to_update(m, with_params=False)
         )
-        updates: list[ClientUpdate] = [u for u, _ in pairs]
-        weighing = self.aggregator.weigh(updates, round=server_round, with_norms=True)
+        pairs = list(zip(updates, nodes, strict=True))
+        weighing = self.aggregator.weigh(
+            updates, round=server_round, with_norms=True, refused=refused
+        )
         chosen = {
             node: (i, w)
             for i, ((_, node), w) in enumerate(zip(pairs, weighing.weights, strict=True))

@@ -35,6 +35,7 @@ from fl_adapters.config import ConfigError
 from fl_adapters.flower import checkpoint, privacy
 from fl_adapters.flower.checkpoint import HOST
 from fl_adapters.flower.config import AGGREGATOR_KEY, ARGS_KEY, WHERE, parse_run_config
+from fl_adapters.flower.membership import member_updates
 from fl_adapters.flower.payload import (
     content_order,
     log_errors,
@@ -311,15 +312,11 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
         if failure is not None:
             self.last_failure = failure
         self.check_read_clients(replies)
-        # Sorted by client: replies arrive in any order, and float sums in a fixed order make
-        # the same seed give the same model bit for bit, in simulation and deployment alike.
-        updates = sorted(
-            (reply_to_update(msg) for msg in replies if not msg.has_error()),
-            key=lambda u: (not isinstance(u.client_id, int), str(u.client_id).zfill(20)),
-        )
+        answered = [msg for msg in replies if not msg.has_error()]
+        updates, refused, _ = member_updates(answered, self.members, reply_to_update)
         with failures_named(failure):
             result = self.aggregator.aggregate(
-                self.global_params, updates, round=server_round, host=self.host
+                self.global_params, updates, round=server_round, host=self.host, refused=refused
             )
         return self.conclude(server_round, updates, result)
 
