@@ -23,6 +23,7 @@ import contextlib
 import difflib
 import importlib.metadata as md
 import inspect
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -87,10 +88,17 @@ class PluginInfo:
 def _entry_points() -> list[tuple[str, Any]]:
     """``(distribution, entry point)`` of every third-party plugin, by entry-point name."""
     found = []
+    seen: set[str] = set()
     for dist in md.distributions():
         name = getattr(dist, "name", None) or dist.metadata["Name"]
         if name == DISTRIBUTION:  # the built-ins are registered directly
             continue
+        # One distribution found on two sys.path entries (the working directory and
+        # PYTHONPATH naming the same folder) is one plugin: the first is the one Python imports.
+        key = re.sub(r"[-_.]+", "-", name).lower()  # PEP 503's normalised name
+        if key in seen:
+            continue
+        seen.add(key)
         found += [(name, ep) for ep in dist.entry_points if ep.group == GROUP]
     found.sort(key=lambda item: item[1].name)
     for (d1, ep1), (d2, ep2) in zip(found, found[1:], strict=False):

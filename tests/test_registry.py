@@ -190,6 +190,21 @@ def test_third_party_component_inside_mixed(with_entry_points) -> None:  # type:
     assert part.noise_std.tolist() == [0.0, 1.0]
 
 
+def test_one_distribution_found_on_two_paths_is_one_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The working directory and PYTHONPATH naming one folder: Python sees the distribution
+    twice, and it is still one plugin, not a name clash with itself."""
+    import importlib.metadata
+
+    real = list(importlib.metadata.distributions())
+    twice = []
+    for _ in range(2):
+        ep = every_other_plugin()
+        ep.dist.entry_points.append(ep)
+        twice.append(ep.dist)
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: [*real, *twice])
+    assert "every_other" in Registry().names("partitioners")
+
+
 def test_third_party_split_inside_global_imbalance_then(with_entry_points) -> None:  # type: ignore[no-untyped-def]
     """``then:`` resolves through the registry that builds ``global_imbalance``, so a
     registered split scheme works there as it does inside ``mixed``."""
