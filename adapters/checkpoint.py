@@ -313,7 +313,10 @@ def resume_hint(out_dir: Path, *logs: Path) -> str:
     try:
         done = Checkpoint.load(path).round
     except CheckpointError:
-        return f"{stop}; no round had completed, so there is no checkpoint"
+        return (
+            f"{stop}; no round had completed, so there is no checkpoint to resume: start the "
+            "run again with `fedbalance run --overwrite` (without --resume)"
+        )
     return f"{stop}; {path} holds round {done}: `fedbalance run --resume` continues from it"
 
 

@@ -9,12 +9,15 @@ words the error (what was lost, how to go on), since only it knows its host's pr
 from __future__ import annotations
 
 import contextlib
+import errno
+import ipaddress
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +134,106 @@ def wait_listening(
                 waiting()
                 waiting = None
             time.sleep(poll)
+
+
+def port_problem(ip: str, port: int) -> str | None:
+    """Why ``ip:port`` cannot be listened on here (``None``: it can).
+
+    No ``SO_REUSEPORT`` on the probe, so a server that already holds the port (gRPC sets that
+    option, and would otherwise share the port silently) counts as in use; with
+    ``SO_REUSEADDR``, as gRPC and torch's ``TCPStore`` bind, a port still in TIME_WAIT from a
+    finished run does not.
+    """
+    try:
+        family = socket.getaddrinfo(ip, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((ip, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return "is already in use (another process listens there: a run still alive?)"
+        if e.errno == errno.EADDRNOTAVAIL:
+            return "is not an address of this machine"
+        return f"cannot be bound ({e})"
+    return None
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def loopback_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that keep the listeners of processes fedbalance starts on this machine
+    (its MPI ranks, its torch.distributed ranks) off every interface but loopback, minus those
+    the user has set in ``environ`` (theirs win). Merge the result into the children's
+    environment.
+
+    * Open MPI 4.1's TCP BTL listens on every interface whatever ``btl_tcp_if_include`` says
+      (measured with 4.1.4); ranks on one machine talk through shared memory (``vader``), so
+      the TCP BTL is left out. ``*_if_include`` restrict what Open MPI connects over, should a
+      user turn it back on; set only when the user has set neither ``include`` nor
+      ``exclude`` (Open MPI refuses both). mpirun's own out-of-band listener is not governed by
+      any of these in Open MPI 4.1 (docs/hosts/fedml.md).
+    * gloo (torch.distributed) binds its pairs to the address of ``GLOO_SOCKET_IFNAME``.
+    """
+    lo = loopback_interface()
+    wanted: dict[str, str] = {"OMPI_MCA_btl": "self,vader"}
+    if lo is not None:
+        for part in ("oob_tcp", "btl_tcp"):
+            if not any(f"OMPI_MCA_{part}_if_{w}" in environ for w in ("include", "exclude")):
+                wanted[f"OMPI_MCA_{part}_if_include"] = lo
+        wanted["GLOO_SOCKET_IFNAME"] = lo
+    wanted["OMPI_MCA_oob_tcp_disable_ipv6_family"] = "1"
+    return {k: v for k, v in wanted.items() if k not in environ}
+
+
+def listening(pids: list[int]) -> list[tuple[int, str, int]]:
+    """``(pid, address, port)`` of every TCP socket that ``pids`` listen on (Linux ``/proc``;
+    empty elsewhere): each process's socket inodes matched to ``/proc/PID/net/tcp{,6}``."""
+    found = []
+    for pid in pids:
+        inodes = set()
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # it ended meanwhile, or is not ours to read
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        for table in ("tcp", "tcp6"):
+            try:
+                with open(f"/proc/{pid}/net/{table}", encoding="ascii") as fh:
+                    rows = fh.read().splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                cols = row.split()
+                if len(cols) > 9 and cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    hex_ip, hex_port = cols[1].split(":")
+                    found.append((pid, _proc_ip(hex_ip), int(hex_port, 16)))
+    return found
+
+
+def _proc_ip(hex_ip: str) -> str:
+    """An address as ``/proc/net/tcp{,6}`` writes it (32-bit words in host byte order)."""
+    raw = bytes.fromhex(hex_ip)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(raw))
+
+
+def is_loopback(address: str) -> bool:
+    """``127.0.0.0/8``, ``::1`` or an IPv4-mapped loopback (``::ffff:127.0.0.1``)."""
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 #: Where :func:`free_ports` looks when the kernel's ephemeral range cannot be read (Linux's

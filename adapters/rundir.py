@@ -79,6 +79,9 @@ def claim(out: Path, *, resume: bool = False, overwrite: bool = False) -> Iterat
                 f"--out {out} is in use by another fedbalance run ({holder}); wait for it to "
                 "finish or choose another --out"
             ) from None
+        restart = _restart_problem(out, resume=resume, overwrite=overwrite)
+        if restart is not None:
+            raise RunDirError(restart)
         if not resume and not overwrite:
             found = [name for name in RECORDS if (out / name).exists()]
             if found:
@@ -96,6 +99,32 @@ def claim(out: Path, *, resume: bool = False, overwrite: bool = False) -> Iterat
             yield out
     finally:
         os.close(fd)  # releases the lock
+
+
+def _restart_problem(out: Path, *, resume: bool, overwrite: bool) -> str | None:
+    """A run stopped before its first checkpoint (killed in round 1) has nothing to resume:
+    say to start it again, rather than send the user to ``--resume`` and from there back.
+    Asked with the lock held, so a run still in its first round is never taken for one."""
+    from fl_adapters.checkpoint import NAME  # here: it imports torch
+
+    path = out / NAME
+    if path.exists():
+        return None
+    found = [name for name in RECORDS if (out / name).exists()]
+    if resume:
+        again = f" and with --overwrite (it holds that run's {', '.join(found)})" if found else ""
+        return (
+            f"--resume: no checkpoint at {path} (a run writes one after each round it "
+            f"completes), so there is nothing to resume: start the run again without "
+            f"--resume{again}"
+        )
+    if found and "summary.json" not in found and not overwrite:  # it never finished either
+        return (
+            f"--out {out} holds the records of a run that stopped before its first checkpoint "
+            f"({', '.join(found)}; no {NAME}), so there is nothing to --resume: --overwrite to "
+            "start it again, or choose another --out"
+        )
+    return None
 
 
 def check_record_outside(out: Path) -> None:

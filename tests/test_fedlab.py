@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 pytest.importorskip("fedlab")
 
@@ -99,6 +103,120 @@ def test_the_cross_process_launcher_imports_neither_torch_nor_fedlab() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+#: A cross-process run through ``fedbalance run`` (one round on digits).
+DISTRIBUTED = {
+    "framework": "fedlab-distributed",
+    "dataset": "digits",
+    "partition": {"name": "mixed"},
+    "aggregator": "fedloss",
+    "num_clients": 6,
+    "clients_per_round": 3,
+    "rounds": 1,
+    "local_epochs": 1,
+    "seed": 3,
+}
+
+
+def cli(work: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``fedbalance run run.yaml --out out ARGS`` in ``work``, without the caller's
+    FEDBALANCE_* switches."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
+    argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out", *args]
+    return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_cross_process_run_listens_on_loopback_only(tmp_path: Path) -> None:
+    """torch's TCPStore (FedLab's rendezvous, rank 0) listened on every interface (``*:PORT``)
+    and took unauthenticated reads and writes; now it, and every gloo socket, is on 127.0.0.1."""
+    from test_fedml_loopback import exposed, listeners_of_a_run
+
+    (port,) = free_ports(1)
+    seen, wall = listeners_of_a_run(tmp_path, DISTRIBUTED | {"port": port})
+    assert exposed(seen) == [], seen
+    assert ("python", "127.0.0.1", port) in seen, seen  # the store, where it was asked to be
+    assert len(seen) >= 4, seen  # and gloo's sockets, one per process
+    assert wall < 60
+
+
+def test_a_port_in_use_is_refused_before_any_process_starts(tmp_path: Path) -> None:
+    """A second run on a port already taken used to fail after 29 s with "server exited with
+    code 1"; now it stops at once, naming the port and what to do, having started nothing."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump(DISTRIBUTED | {"port": port}))
+        start = time.monotonic()
+        done = cli(tmp_path, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"fedbalance run: error: fedlab-distributed: port {port} on 127.0.0.1 is already in "
+        "use (another process listens there: a run still alive?); stop that process or set "
+        "another port: in the config"
+    )
+    assert time.monotonic() - start < 30  # no process was started, no rendezvous waited for
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_run_stopped_before_its_first_checkpoint_is_told_to_start_again(tmp_path: Path) -> None:
+    """The server is killed before round 1 ends: the error, a second start and a ``--resume``
+    each say to start again with ``--overwrite`` (there is nothing to resume; the run used to
+    be sent to ``--resume``, which then found no checkpoint), and that start finishes."""
+    from fl_adapters.processes import descendants
+
+    def server() -> list[int]:
+        found = []
+        for pid in descendants(launcher.pid):
+            try:
+                if b"fedlab-server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    (port,) = free_ports(1)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(DISTRIBUTED | {"port": port}))
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
+    argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"]
+    launcher = subprocess.Popen(argv, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").exists() or not server():  # the server has started
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not (out / "checkpoint.pt").exists()
+    for pid in server():
+        os.kill(pid, signal.SIGKILL)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 1
+    assert "fedlab-distributed: server was killed by signal 9" in err, err[-2000:]
+    assert (
+        "no round had completed, so there is no checkpoint to resume: start the run again with "
+        "`fedbalance run --overwrite` (without --resume)"
+    ) in err
+    found = ", ".join(n for n in ("metrics.jsonl", "summary.json", "aggregations.jsonl")
+                      if (out / n).exists())  # fmt: skip
+    again = cli(tmp_path, timeout=60)
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"fedbalance run: error: --out out holds the records of a run that stopped before its "
+        f"first checkpoint ({found}; no checkpoint.pt), so there is nothing to --resume: "
+        "--overwrite to start it again, or choose another --out"
+    )
+    resumed = cli(tmp_path, "--resume", timeout=60)
+    assert resumed.returncode == 2
+    assert resumed.stderr.strip().splitlines()[-1] == (
+        f"fedbalance run: error: --resume: no checkpoint at out/checkpoint.pt (a run writes one "
+        f"after each round it completes), so there is nothing to resume: start the run again "
+        f"without --resume and with --overwrite (it holds that run's {found})"
+    )
+    done = cli(tmp_path, "--overwrite")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(records(out / "metrics.jsonl")) == 1
 
 
 @pytest.mark.slow

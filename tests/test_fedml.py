@@ -364,6 +364,231 @@ def test_fedloss_under_lightsecagg_equals_fedloss_in_clear(tmp_path: Path) -> No
         assert len(masks) == 2
 
 
+def lsa_run(
+    tmp_path: Path, timeout: float = 240, **env: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The example's cross-silo LightSecAgg run over ``mpirun -np 3`` with the dumping host
+    (tests/hosts/fedml_lsa_dump.py); ``env`` its switches. (its output, its wall time)"""
+    dump = tmp_path / "dump"
+    dump.mkdir(exist_ok=True)
+    env = {"FEDBALANCE_RECORD": str(tmp_path / "rec.jsonl"), "FEDBALANCE_DUMP": str(dump)} | env
+    cfg = tmp_path / "cross_silo.yaml"
+    if not cfg.exists():
+        config(tmp_path, "cross_silo.yaml", **LSA_ARGS)
+    cmd = [*MPIRUN, "-np", "3", *[a for k in env for a in ("-x", k)], sys.executable]
+    cmd += [str(HOSTS / "fedml_lsa_dump.py"), "--cf", str(cfg)]
+    start = time.monotonic()
+    out = subprocess.run(
+        cmd, cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    return out, time.monotonic() - start
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_a_silo_sending_a_malformed_loss_is_rejected_for_its_round_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Under LightSecAgg silo rank 1 sends its validation loss as text in the clear phase,
+    every round (a test-only switch). The server's handler used to raise on it and the whole
+    mpirun hung until killed. Now the aggregator rejects the silo for the round with a logged
+    reason, it masks zeros, and the round is the other silo's model (weight 1): the run ends
+    with exit 0. Every silo's clear phase also carries ``update_norm``: the length of its
+    update from the round's global model, which the server records as received."""
+    out, wall = lsa_run(tmp_path, FEDBALANCE_BAD_LOSS='1:"not a number"')
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    assert wall < 180
+    entries, dump = records(tmp_path / "rec.jsonl"), tmp_path / "dump"
+    assert [e["round"] for e in entries] == [1, 2]
+    for entry in entries:
+        r = entry["round"]
+        assert entry["secure"] == "lightsecagg" and not entry["skipped"]
+        bad, good = entry["clients"]  # in sender order: rank 1, rank 2
+        assert entry["rejected"] == [
+            {"client": bad, "reason": "metric 'val_loss' is not a number: 'not a number'"}
+        ]
+        assert entry["weights"] == [0.0, 1.0]
+        assert f"silo rank 1 (client {bad}) rejected, it masks zeros this round" in log
+        # the round is the accepted silo's model, to LightSecAgg's rounding
+        got, kept = torch.load(dump / f"r{r}_server.pt"), torch.load(dump / f"r{r}_c2.pt")
+        for key, value in kept.items():
+            diff = (got[key].double() - value.double()).abs().max().item()
+            assert diff <= 2 * 2**-20, (r, key, diff)
+        norms = [m["update_norm"] for m in entry["metrics"]]
+        assert all(isinstance(n, float) and 0 < n < float("inf") for n in norms), norms
+    # Round 2's update norm is each silo's trained model minus round 1's result.
+    given = torch.load(dump / "r1_server.pt")
+    for rank, reported in zip(
+        (1, 2), [m["update_norm"] for m in entries[1]["metrics"]], strict=True
+    ):
+        trained = torch.load(dump / f"r2_c{rank}.pt")
+        norm = (
+            sum(float((trained[k].double() - given[k].double()).square().sum()) for k in trained)
+            ** 0.5
+        )
+        assert reported == pytest.approx(norm, rel=1e-6), (rank, reported, norm)
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_a_silo_model_beyond_the_field_stops_the_job_instead_of_wrapping(tmp_path: Path) -> None:
+    """Silo rank 1's model, times 10,000 (a test-only switch), exceeds what prime_number
+    1073741789 with precision_parameter 20 holds (|value| <= 256 for 2 silos): its quantised sum
+    would wrap around the field into garbage. The silo stops the job before it masks, naming
+    both fields; mpirun ends every rank; no round is aggregated."""
+    out, wall = lsa_run(tmp_path, timeout=180, FEDBALANCE_INFLATE="1:10000")
+    log = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert (
+        "fedbalance: FedML LightSecAgg silo rank 1 stops the job: round 1: its model times its "
+        "weight factor"
+    ) in log, log[-3000:]
+    assert "but prime_number 1073741789 with precision_parameter 20 holds |value| <=" in log
+    assert not (tmp_path / "rec.jsonl").exists()
+    assert wall < 120
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_a_weight_lie_under_lightsecagg_skips_its_round(tmp_path: Path) -> None:
+    """Silo rank 1 masks its model times 5 (a test-only switch): within the field, so
+    nothing wraps, and invisible to the server one silo at a time. The unmasked average moves
+    the model much further than either silo's reported update, which no honest weighted
+    average can: every round is skipped and the model kept (the same rule as on Flower's
+    SecAgg+, docs/hosts/beside.md)."""
+    out, wall = lsa_run(tmp_path, FEDBALANCE_INFLATE="1:5")
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    entries = records(tmp_path / "rec.jsonl")
+    assert [(e["round"], e["skipped"]) for e in entries] == [(1, True), (2, True)]
+    assert "a client misreported its weight or its model; global model kept" in log
+    assert wall < 180
+
+
+def test_the_field_rule_knows_primes_and_int64() -> None:
+    """Miller-Rabin against trial division below 5,000, on primes near the int64 limits and
+    on strong pseudoprimes; the int64 rule's largest prime for 2 silos is 2**31 - 1."""
+    from fl_adapters.fedml.field import (
+        INT64_MAX,
+        is_prime,
+        largest_prime_below,
+        largest_prime_field,
+        value_bound,
+    )
+
+    trial = [n for n in range(5000) if n > 1 and all(n % d for d in range(2, int(n**0.5) + 1))]
+    assert [n for n in range(5000) if is_prime(n)] == trial
+    for prime in (2**31 - 1, 2**61 - 1, 2**63 - 25, 1073741789, 1997):
+        assert is_prime(prime), prime
+    # Carmichael numbers and strong pseudoprimes to the first bases
+    for composite in (561, 41041, 3215031751, 3825123056546413051, 10**9, (2**31 - 1) ** 2):
+        assert not is_prime(composite), composite
+    for silos in (1, 2, 3, 10, 1000):
+        top = largest_prime_field(silos)
+        assert silos * (top - 1) ** 2 <= INT64_MAX < silos * top**2
+    assert largest_prime_below(largest_prime_field(2)) == 2**31 - 1
+    # the example's field holds |value| <= 256 for 2 silos; FedML's own example values 0.487
+    assert value_bound(1073741789, 20, 2) == pytest.approx(256, abs=1e-4)
+    assert value_bound(1997, 10, 2) == pytest.approx(0.4868, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("loss", "reason"),
+    [
+        ("not a number", "metric 'val_loss' is not a number: 'not a number'"),
+        (float("nan"), "metric 'val_loss' must be finite and >= 0, got nan"),
+        ([1.0, 2.0], "metric 'val_loss' is not a number: [1.0, 2.0]"),
+        ("x" * 10_000, "metric 'val_loss' is not a number: 'xxxxxxxxxxxx"),
+        (None, "required metric 'val_loss' is missing"),
+    ],
+    ids=["text", "nan", "list", "long-text", "missing"],
+)
+def test_a_malformed_clear_phase_loss_is_a_rejection_with_its_reason(
+    loss: object, reason: str
+) -> None:
+    """What the LightSecAgg server makes of a silo's clear-phase loss (the real run with text:
+    test_a_silo_sending_a_malformed_loss_is_rejected_for_its_round_and_the_run_goes_on): a
+    rejection naming it, weight 0, the other silo weight 1; a huge value is shown cut short."""
+    from collections import OrderedDict
+
+    from fl_adapters.fedml.secure import kept
+
+    updates = [
+        ClientUpdate(
+            params=OrderedDict(),
+            num_samples=kept(n),
+            metrics={} if value is None else {"val_loss": kept(value)},
+            client_id=i,
+        )
+        for i, (n, value) in enumerate([(100, loss), (80, 0.4)])
+    ]
+    weighing = FedLoss().weigh(updates, round=1)
+    assert weighing.weights == [0.0, 1.0]
+    assert weighing.rejected[0].startswith(reason) and len(weighing.rejected[0]) < 200
+
+
+#: Field parameters FedML 0.9.6 cannot compute with for 2 silos, and what the refusal says.
+BAD_FIELDS = {
+    "int64-overflow": (
+        {"prime_number": 2**63 - 25},
+        "prime_number must be a prime p with worker_num * (p - 1)**2 <= 2**63 - 1",
+        "at most 2147483647 for worker_num 2; got 9223372036854775783, which is too large",
+    ),
+    "not-prime": (
+        {"prime_number": 10**9},
+        "prime_number must be a prime p with worker_num * (p - 1)**2 <= 2**63 - 1",
+        "got 1000000000, which is not prime",
+    ),
+    "sum-wraps": (
+        {"precision_parameter": 40},
+        "prime_number 1073741789 with precision_parameter 40 holds |value| <= "
+        "((p - 1) / (2 * worker_num) - 1/2) / 2**precision_parameter = 0.0002441",
+        "use precision_parameter <= 30, or a larger prime_number (at most 2147483647)",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(BAD_FIELDS))
+def test_a_lightsecagg_field_fedml_cannot_compute_in_stops_before_round_1(
+    tmp_path: Path, case: str
+) -> None:
+    """Each of these used to train on under LightSecAgg to a loss of 8e14 or NaN and exit 0
+    (issue #61). The example's cross-silo server over gRPC, started as FedML's docs start it (one
+    process a rank: every rank runs the same checks), now stops before round 1, saying the
+    rule, the allowed values and the value given: the prime in ``fedml.init()``, the precision
+    once the model exists (it holds |value| <= 0.2 here). No silo is needed to get there."""
+    from fl_adapters.fedml.ipconfig import write_ipconfig
+    from fl_adapters.processes import free_ports
+
+    pytest.importorskip("grpc")
+    change, *words = BAD_FIELDS[case]
+    cfg = config(tmp_path, "cross_silo_grpc.yaml", **(LSA_ARGS | change))
+    doc = yaml.safe_load(cfg.read_text())
+    doc["comm_args"]["grpc_ipconfig_path"] = str(
+        write_ipconfig(tmp_path / "grpc_ipconfig.csv", free_ports(3))
+    )
+    cfg.write_text(yaml.safe_dump(doc))
+    rec = tmp_path / "rec.jsonl"
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE / "main.py"), "--cf", str(cfg), "--rank", "0", "--role",
+         "server"],
+        cwd=tmp_path, env={**os.environ, "FEDBALANCE_RECORD": str(rec)}, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    log = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert log.strip().splitlines()[-1].startswith("fl_checks.ParameterError: "), log[-3000:]
+    for w in words:
+        assert w in log, log[-3000:]
+    assert "Started gRPC server" not in log  # stopped before FedML's server came up
+    assert not rec.exists()
+    assert time.monotonic() - start < 60
+
+
 #: The modes a ``federated_optimizer`` is refused in, by the test below: every value in sp; in MPI
 #: simulation those it has a simulator for; cross-silo accepts only FedAvg, LSA (which fedbalance
 #: runs: the test above) and SA. Cross-silo runs over gRPC here: one process is a whole rank there
@@ -402,6 +627,10 @@ def init_probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
                 "update_clip": {"aggregator_args": {"update_clip": 2.0}},
                 "checkpoint": {"checkpoint_dir": str(lsa / "ckpt")},
                 "no_prime": {"prime_number": None},
+                # FedML's own LightSecAgg example (prime_number: 1997, precision_parameter: 10)
+                "fedml_example_field": {"prime_number": 1997, "precision_parameter": 10},
+                "largest_prime": {"prime_number": 2**31 - 1},
+                "not_prime": {"prime_number": 10**9},
             },
         }
     )
@@ -447,6 +676,10 @@ def test_lightsecagg_refuses_what_needs_the_models(init_probes: dict[str, dict[s
         assert words in got[case], got[case]
     assert "checkpoint_dir cannot take effect with federated_optimizer: LSA" in got["checkpoint"]
     assert "needs prime_number" in got["no_prime"]
+    # the field's rule (fl_adapters.fedml.field) passes FedML's own values and the largest
+    # prime 2 silos can compute with, and stops a prime that is not one in fedml.init()
+    assert got["fedml_example_field"] == "ran" and got["largest_prime"] == "ran"
+    assert "got 1000000000, which is not prime" in got["not_prime"]
 
 
 @pytest.mark.slow

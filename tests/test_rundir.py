@@ -106,6 +106,26 @@ def test_the_inherited_claim_variable_cannot_stand_in_for_the_lock(tmp_path: Pat
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == before  # nothing erased
 
 
+def test_a_run_still_in_its_first_round_is_in_use_not_stopped(tmp_path: Path) -> None:
+    """A run in round 1 holds the lock and has written metrics.jsonl but no checkpoint yet: a
+    second run is told the directory is in use, never that the first one stopped."""
+    import fcntl
+
+    from fl_adapters.rundir import LOCK, RunDirError, claim
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("")
+    with open(out / LOCK, "w") as held:
+        held.write("pid 4242, started earlier")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        for flags in ({}, {"resume": True}, {"overwrite": True}):
+            with pytest.raises(RunDirError, match="is in use by another fedbalance run"):
+                with claim(out, **flags):
+                    pass
+
+
 @pytest.mark.parametrize("name", ["metrics.jsonl", "aggregations.jsonl", "sub/copy.jsonl"])
 def test_a_record_path_inside_the_run_directory_is_refused(tmp_path: Path, name: str) -> None:
     done = cli_run(tmp_path, FEDBALANCE_RECORD=str(tmp_path / "out" / name))

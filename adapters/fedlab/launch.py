@@ -15,13 +15,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fl_adapters.config import RunConfig, RunFailed
-from fl_adapters.processes import watch
+from fl_adapters.config import ConfigError, RunConfig, RunFailed
+from fl_adapters.processes import loopback_env, port_problem, watch
 from fl_adapters.rundir import RunFiles
 from fl_partitions.params import ParameterError
 
 if TYPE_CHECKING:
     from fl_adapters.checkpoint import Checkpoint
+
+#: Where the server listens: every process runs on this machine.
+HOST = "127.0.0.1"
 
 
 def check_processes(config: RunConfig, client_processes: int) -> None:
@@ -30,6 +33,18 @@ def check_processes(config: RunConfig, client_processes: int) -> None:
         raise ParameterError(
             f"a cross-process run needs between 1 and num_clients={config.num_clients} client "
             f"processes (each simulates at least one client), got {client_processes}"
+        )
+
+
+def check_port(config: RunConfig, host: str = HOST) -> None:
+    """The server's port, free on ``host`` before any process starts: FedLab's server would
+    otherwise die in its rendezvous (torch gives up after its own retries) and the clients wait
+    for it."""
+    problem = port_problem(host, config.port)
+    if problem is not None:
+        raise ConfigError(
+            f"fedlab-distributed: port {config.port} on {host} {problem}; stop that process "
+            "or set another port: in the config"
         )
 
 
@@ -58,6 +73,7 @@ def run_distributed(
     last completed round; ``resume=True`` continues from it.
     """
     check_processes(config, client_processes)
+    check_port(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = RunFiles(out_dir)
     if resume:
@@ -68,7 +84,8 @@ def run_distributed(
         config_path = out_dir / "config.yaml"
         config_path.write_text(yaml.safe_dump(config.to_dict()))
     world = client_processes + 1
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # One torch thread a process; gloo's sockets on loopback unless the user has chosen.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **loopback_env(os.environ)}
     base = [sys.executable, "-m", "fl_adapters.cli"]
     server = [*base, "fedlab-server", str(config_path), "--out", str(out_dir)]
     server += ["--world-size", str(world), "--no-progress"]

@@ -1,7 +1,7 @@
 """Config-driven FedLab runs: standalone (``StandalonePipeline``) and cross-process (``DistNetwork``).
 
 Rounds run in FedLab's own loop (cross-process: FedLab's managers over ``torch.distributed``,
-gloo on 127.0.0.1). This module builds the pieces from a :class:`~fl_adapters.config.RunConfig`
+gloo on 127.0.0.1, its rendezvous bound there: :mod:`fl_adapters.fedlab.network`). This module builds the pieces from a :class:`~fl_adapters.config.RunConfig`
 and, after every aggregation, evaluates the global model and writes the run's records and
 checkpoint, from which ``resume=True`` continues (``docs/run.md``). A cross-process run's
 launcher is :mod:`fl_adapters.fedlab.launch`.
@@ -331,13 +331,14 @@ def run_server(
     resume: bool = False,
 ) -> dict[str, Any]:
     """The server role of a cross-process run (rank 0)."""
-    from fedlab.core.network import DistNetwork
     from fedlab.core.server.manager import SynchronousServerManager
+
+    from fl_adapters.fedlab.network import BoundNetwork
 
     ckpt = load_checkpoint(config, out_dir) if resume else None
     exp = build(config)
     writer = MetricsWriter(exp, out_dir, progress, resume_from=ckpt)
-    network = DistNetwork((host, str(config.port)), world_size=world_size, rank=0)
+    network = BoundNetwork((host, str(config.port)), world_size=world_size, rank=0)
     sent = {"down": 0, "up": 0}
 
     def on_round(handler: FedBalanceServerHandler, result: AggregationResult) -> None:
@@ -384,7 +385,8 @@ def run_client(
     ``resume_from``: the server's checkpoint, for how often each client has trained.
     """
     from fedlab.core.client.manager import PassiveClientManager
-    from fedlab.core.network import DistNetwork
+
+    from fl_adapters.fedlab.network import BoundNetwork
 
     check_processes(config, world_size - 1)
     if not 1 <= rank < world_size:
@@ -413,5 +415,5 @@ def run_client(
         ckpt = Checkpoint.load(resume_from)
         ckpt.check_config(config.to_dict(), resume_from)
         trainer.participations = {c: k for c, k in ckpt.participations.items() if c in ids}
-    network = DistNetwork((host, str(config.port)), world_size=world_size, rank=rank)
+    network = BoundNetwork((host, str(config.port)), world_size=world_size, rank=rank)
     manager_cls(trainer=trainer, network=network).run()

@@ -24,6 +24,7 @@ from fl_adapters.astraea import RebalancedCache
 from fl_adapters.checkpoint import Checkpoint, CheckpointError
 from fl_adapters.config import check_eval_keys
 from fl_adapters.fedml import checkpoint
+from fl_adapters.fedml.field import check_field
 from fl_adapters.fedml.ipconfig import check_grpc
 from fl_adapters.fedml.payload import attach, decode, strip
 from fl_adapters.inputs import brief, check_tree
@@ -145,13 +146,19 @@ def check_secure(args: Any, name: str, agg: Aggregator) -> None:
                 f"{key} cannot take effect with federated_optimizer: LSA (FedML's LightSecAgg "
                 "server has no checkpoint of its own and fedbalance does not add one): remove it"
             )
-    for key in ("prime_number", "precision_parameter"):
-        value = getattr(args, key, None)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ParameterError(
-                f"federated_optimizer: LSA needs {key} (a positive int; e.g. prime_number: "
-                f"1073741789, precision_parameter: 20), got {value!r}"
-            )
+    check_field(
+        getattr(args, "prime_number", None),
+        getattr(args, "precision_parameter", None),
+        lsa_silos(args),
+    )
+
+
+def lsa_silos(args: Any) -> int:
+    """How many silos FedML's LightSecAgg codes masks for (its ``worker_num``)."""
+    silos = getattr(args, "worker_num", None) or getattr(args, "client_num_per_round", 1)
+    if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
+        raise ParameterError(f"worker_num must be a positive int, got {silos!r}")
+    return silos
 
 
 def settings(args: Any) -> tuple[str, dict[str, Any]] | None:

@@ -10,11 +10,9 @@ error that names the file.
 from __future__ import annotations
 
 import csv
-import errno
 import importlib.util
 import logging
 import os
-import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -23,6 +21,7 @@ from typing import Any
 
 # Moved to the host-free module (the Flower runner uses it too); kept importable from here.
 from fl_adapters.processes import free_ports as free_ports
+from fl_adapters.processes import port_problem as port_problem
 from fl_adapters.processes import wait_listening
 from fl_partitions.params import ParameterError
 
@@ -71,27 +70,6 @@ def write_ipconfig(path: Path, ports: list[int], ip: str = "127.0.0.1") -> Path:
     lines = [",".join(HEADER)] + [f"{r},{r},{ip},{p}" for r, p in enumerate(ports)]
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def port_problem(ip: str, port: int) -> str | None:
-    """Why ``ip:port`` cannot be listened on here (``None``: it can).
-
-    No ``SO_REUSEPORT`` on the probe, so a gRPC server that already holds the port (gRPC sets
-    that option, and would otherwise share the port silently) counts as in use; with
-    ``SO_REUSEADDR``, as gRPC binds, a port still in TIME_WAIT from a finished run does not.
-    """
-    try:
-        family = socket.getaddrinfo(ip, port, type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((ip, port))
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            return "is already in use (another process listens there: a run still alive?)"
-        if e.errno == errno.EADDRNOTAVAIL:
-            return "is not an address of this machine"
-        return f"cannot be bound ({e})"
-    return None
 
 
 def require_grpcio() -> None:

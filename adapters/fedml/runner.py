@@ -25,12 +25,16 @@ from fl_adapters.config import ConfigError, RunConfig, RunFailed
 from fl_adapters.experiment import run_summary
 from fl_adapters.fedml.adapter import HOSTS, check_resume
 from fl_adapters.fedml.ipconfig import require_grpcio, write_ipconfig
-from fl_adapters.processes import free_ports, start_logged, stop, watch
+from fl_adapters.processes import free_ports, loopback_env, start_logged, stop, watch
 from fl_adapters.rundir import RunFiles
 from fl_aggregators.record import ENV, RUN_ENV
 
 #: ``framework`` -> FedML's ``(training_type, backend)`` (``backend: grpc`` changes the latter).
 MODES = {host: mode for mode, host in HOSTS.items() if mode[1] != "GRPC"}
+#: FedML's gRPC ranks import mpi4py (``fedml.utils.context`` and others), and mpi4py initialises
+#: MPI on import: each process became a one-rank MPI world whose Open MPI helper (``orted``) and
+#: TCP transport listened on every interface. Nothing uses MPI over gRPC, so it stays off.
+NO_MPI = {"MPI4PY_RC_INITIALIZE": "false"}
 
 
 def host_script(cfg_path: Path) -> list[str]:
@@ -153,11 +157,13 @@ def run_fedml(
         write_ipconfig(ipconfig, free_ports(config.clients_per_round + 1))
     cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     record = files.record if resume else files.start(None)
-    env = {**os.environ, RUN_ENV: str(record)}  # the user's FEDBALANCE_RECORD gets it too
+    # Every rank on this machine, listening on loopback only (what the user set wins); the
+    # user's FEDBALANCE_RECORD gets the record too.
+    env = {**os.environ, **loopback_env(os.environ), RUN_ENV: str(record)}
     if grpc:
-        # Every rank on this machine: one torch thread each unless the user says otherwise
-        # (FedLab's cross-process launcher does the same).
-        run_grpc(config, files, cfg_path, {"OMP_NUM_THREADS": "1"} | env, timeout)
+        # One torch thread each unless the user says otherwise (FedLab's cross-process launcher
+        # does the same).
+        run_grpc(config, files, cfg_path, {"OMP_NUM_THREADS": "1", **NO_MPI} | env, timeout)
         return collect(config, files, elapsed_s=time.monotonic() - started)
     log_path = out_dir / "fedml.log"
     proc = start_logged(command(config, cfg_path), log_path, cwd=out_dir, env=env)  # and its ranks

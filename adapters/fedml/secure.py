@@ -6,36 +6,58 @@ training and masking: the client sends its sample count, validation loss and id 
 (:data:`MSG_SCALARS`); the server weighs them (:meth:`~fl_aggregators.Aggregator.weigh`) and
 sends each client ``N * w_i`` (:data:`MSG_SCALE`), by which it scales its model before masking,
 so FedML's ``1/N`` average is ``sum_i w_i x_i`` for :meth:`~fl_aggregators.Aggregator.finish`.
-The two FedML defects mended here (:func:`server_status`, :func:`client_offline`), the
-protocol's limits and its fixed-point bounds: docs/hosts/beside.md.
+Each silo also reports, in clear, the length of its update (``update_norm``, float64, over the
+floating-point tensors). A silo whose scalars the aggregator rejects (a loss that is text, NaN
+or a list) gets factor 0 and masks zeros: the round goes on with the others. What FedML's
+field can hold is checked before round 1 and again on each silo before it masks
+(:mod:`fl_adapters.fedml.field`); an error inside these handlers stops the job rather than
+leave every process waiting. The two FedML defects mended here (:func:`server_status`,
+:func:`client_offline`), the protocol's limits and its fixed-point bounds: docs/hosts/beside.md
+and docs/hosts/fedml.md.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import numbers
 import os
+import sys
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 
-from fl_adapters.fedml.adapter import clean_params, current, ending_the_job
+from fl_adapters.fedml.adapter import (
+    SECURE_OPTIMIZER,
+    clean_params,
+    current,
+    ending_the_job,
+    lsa_silos,
+    settings,
+)
+from fl_adapters.fedml.field import range_problem
 from fl_adapters.fedml.payload import strip
-from fl_aggregators import ClientUpdate
+from fl_aggregators import UPDATE_NORM, ClientUpdate
+from fl_aggregators.functional import update_norm
+from fl_partitions.params import ParameterError, shown
 
 log = logging.getLogger(__name__)
 
-#: Client -> server: sample count, validation loss and client id, in clear.
+#: Client -> server: sample count, validation loss, update norm and client id, in clear.
 MSG_SCALARS = 101
 #: Server -> client: the factor ``N * w_i`` the client scales its model by before masking.
 MSG_SCALE = 102
 KEY_NUM_SAMPLES = "fedbalance_num_samples"
 KEY_VAL_LOSS = "fedbalance_val_loss"
 KEY_CLIENT = "fedbalance_client"
+KEY_UPDATE_NORM = "fedbalance_update_norm"
 KEY_SCALE = "fedbalance_scale"
 PROTOCOL = "lightsecagg"
+#: Longest text kept as it came in a clear-phase scalar (longer, or another kind: its repr, cut).
+KEPT_TEXT = 200
 
 
 def _message(kind: int, sender: int, receiver: int) -> Any:
@@ -45,6 +67,32 @@ def _message(kind: int, sender: int, receiver: int) -> Any:
 
 
 # -- server ---------------------------------------------------------------------------------------
+def stop_the_job(who: str, why: str) -> NoReturn:
+    """End this process with ``why`` on stderr: FedML's message loop has no way out, and an
+    exception inside a handler leaves every process waiting for the next message (mpirun, or
+    fedbalance's supervisor over gRPC, then stops the others)."""
+    message = f"fedbalance: FedML LightSecAgg {who} stops the job: {why}"
+    log.error(message)
+    print(message, file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def never_hangs(who: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A handler that stops the job (:func:`stop_the_job`) on any exception."""
+
+    def wrap(handler: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(handler)
+        def guarded(*a: Any, **kw: Any) -> Any:
+            try:
+                return handler(*a, **kw)
+            except Exception as e:  # noqa: BLE001 - whatever it is, waiting forever is worse
+                stop_the_job(who, f"{type(e).__name__}: {e}")
+
+        return guarded
+
+    return wrap
+
+
 def server_handlers(self: Any, original: Any) -> Any:
     """FedML's handlers, and the clients' scalars."""
     original(self)
@@ -59,33 +107,87 @@ def server_status(self: Any, original: Any, msg_params: Any) -> Any:
     return original(self, msg_params)
 
 
+def kept(value: Any) -> Any:
+    """A clear-phase scalar as the aggregator should judge it: a number or short text as it
+    came; anything else (a list, an object, long text) as its repr, cut short, which no check
+    takes for a number and every record can hold."""
+    if value is None or isinstance(value, numbers.Real):
+        return value
+    if isinstance(value, str) and len(value) <= KEPT_TEXT:
+        return value
+    return Shown(shown(value))
+
+
+class Shown:
+    """A value shown by its (cut) repr: ``metric 'val_loss' is not a number: [1, 2]``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+
+def client_name(client: Any, sender: int) -> Any:
+    """The client id a silo sent, when it is a plain int or short text; else ``rank<N>``."""
+    if isinstance(client, bool) or not isinstance(client, (int, str)):
+        return f"rank{sender}"
+    return client if not isinstance(client, str) or len(client) <= KEPT_TEXT else f"rank{sender}"
+
+
+@never_hangs("server")
 def _receive_scalars(self: Any, msg_params: Any) -> None:
-    self._fedbalance_scalars[int(msg_params.get_sender_id())] = (
-        msg_params.get(KEY_NUM_SAMPLES),
-        msg_params.get(KEY_VAL_LOSS),
-        msg_params.get(KEY_CLIENT),
+    sender = int(msg_params.get_sender_id())
+    expected = {int(c) for c in self.client_id_list_in_this_round}
+    if sender not in expected or sender in self._fedbalance_scalars:
+        log.warning(
+            "fedbalance: LightSecAgg round %d: scalars from rank %d ignored (%s)",
+            int(self.round_idx) + 1,
+            sender,
+            "already received" if sender in expected else "not a silo of this round",
+        )
+        return
+    self._fedbalance_scalars[sender] = tuple(
+        msg_params.get(k) for k in (KEY_NUM_SAMPLES, KEY_VAL_LOSS, KEY_UPDATE_NORM, KEY_CLIENT)
     )
-    if any(int(c) not in self._fedbalance_scalars for c in self.client_id_list_in_this_round):
+    if not expected <= set(self._fedbalance_scalars):
         return
     scalars, self._fedbalance_scalars = sorted(self._fedbalance_scalars.items()), {}
-    updates = [
-        ClientUpdate(
-            params=OrderedDict(),  # weigh() reads the scalars only
-            num_samples=n,
-            metrics={} if loss is None else {"val_loss": float(loss)},
-            client_id=client if client is not None else f"rank{sender}",
+    updates = []
+    for sender_rank, (n, loss, norm, client) in scalars:
+        metrics = {
+            k: kept(v) for k, v in (("val_loss", loss), (UPDATE_NORM, norm)) if v is not None
+        }
+        updates.append(
+            ClientUpdate(
+                params=OrderedDict(),  # weigh() reads the scalars only
+                num_samples=kept(n),
+                metrics=metrics,
+                client_id=client_name(client, sender_rank),
+            )
         )
-        for sender, (n, loss, client) in scalars
-    ]
     run = current()
-    run.lsa_weighing = weighing = run.aggregator.weigh(updates, round=int(self.round_idx) + 1)
+    round_number = int(self.round_idx) + 1
+    run.lsa_weighing = weighing = run.aggregator.weigh(updates, round=round_number, with_norms=True)
+    for i, reason in sorted(weighing.rejected.items()):
+        log.warning(
+            "fedbalance: LightSecAgg round %d: silo rank %d (client %s) rejected, it masks "
+            "zeros this round: %s",
+            round_number,
+            scalars[i][0],
+            weighing.clients[i],
+            reason,
+        )
     # FedML's reconstruction takes 1/N of the unmasked sum, N the round's clients.
-    for (sender, _), w in zip(scalars, weighing.weights, strict=True):
-        msg = _message(MSG_SCALE, self.get_sender_id(), sender)
+    for (sender_rank, _), w in zip(scalars, weighing.weights, strict=True):
+        msg = _message(MSG_SCALE, self.get_sender_id(), sender_rank)
         msg.add_params(KEY_SCALE, float(len(scalars) * w))
         self.send_message(msg)
 
 
+@never_hangs("server")
 def reconstruct(self: Any, original: Any, first: Any, second: Any) -> Any:
     """FedML's unmasking (``sum_i w_i x_i``), then the aggregator's step and record."""
     # A copy: FedML's reconstruction overwrites the model these tensors belong to.
@@ -97,13 +199,14 @@ def reconstruct(self: Any, original: Any, first: Any, second: Any) -> Any:
     weighing, run.lsa_weighing = run.lsa_weighing, None
     if weighing is None:
         raise RuntimeError("LightSecAgg unmasked a round fedbalance never weighed")
+    as_sum = OrderedDict((k, torch.as_tensor(v, dtype=torch.float64)) for k, v in summed.items())
+    # Each silo's values are rounded to 2**-q (FedML's fixed point) and FedML averages them;
+    # the result comes back as float32, rounded once more relative to its size.
+    largest = max((float(t.abs().max()) for t in as_sum.values() if t.numel()), default=0.0)
+    resolution = 2.0 ** -(int(self.precision_parameter) + 1) + largest * 2.0**-23
     with ending_the_job(run):
         result = run.aggregator.finish(
-            previous,
-            OrderedDict((k, torch.as_tensor(v, dtype=torch.float64)) for k, v in summed.items()),
-            weighing,
-            host=run.host,
-            protocol=PROTOCOL,
+            previous, as_sum, weighing, host=run.host, protocol=PROTOCOL, resolution=resolution
         )
     params = OrderedDict(result.params.items())
     self.set_global_model_params(params)
@@ -127,28 +230,72 @@ def client_offline(self: Any, original: Any) -> Any:
         np.random.set_state(saved)  # noqa: NPY002
 
 
+@never_hangs("silo")
 def client_train(self: Any, original: Any) -> Any:
     """Train (fedbalance's split and loss), keep the model, report the scalars in clear."""
+    # The round's global model, before training changes the tensors in place.
+    given = OrderedDict(
+        (k, v.detach().clone())
+        for k, v in clean_params(self.trainer.trainer.get_model_params()).items()
+    )
     weights, num_samples = self.trainer.train(self.round_idx)
     clean, client, loss = strip(weights)
     self._fedbalance_trained = (clean, num_samples)
+    norm = update_norm([given[k] for k in clean], [v.detach().cpu() for v in clean.values()])
     msg = _message(MSG_SCALARS, self.get_sender_id(), 0)
     msg.add_params(KEY_NUM_SAMPLES, int(num_samples))
     msg.add_params(KEY_VAL_LOSS, None if loss is None else float(loss))
+    msg.add_params(KEY_UPDATE_NORM, norm)
     msg.add_params(KEY_CLIENT, client)
     self.send_message(msg)
 
 
+@never_hangs("silo")
 def _receive_scale(self: Any, msg_params: Any) -> None:
     from fedml.core.mpc.lightsecagg import model_masking, transform_tensor_to_finite
 
     scale = float(msg_params.get(KEY_SCALE))
     clean, num_samples = self._fedbalance_trained
     self._fedbalance_trained = None
-    scaled = OrderedDict((k, v.detach().cpu().double().numpy() * scale) for k, v in clean.items())
+    if scale == 0:  # rejected this round: zeros (0 * NaN would not be)
+        scaled = OrderedDict((k, np.zeros(tuple(v.shape))) for k, v in clean.items())
+    else:
+        scaled = OrderedDict(
+            (k, v.detach().cpu().double().numpy() * scale) for k, v in clean.items()
+        )
+    largest = max((float(np.abs(a).max()) for a in scaled.values() if a.size), default=0.0)
+    problem = range_problem(
+        largest,
+        self.prime_number,
+        self.precision_parameter,
+        int(self.targeted_number_active_clients),
+    )
+    if problem is not None:
+        stop_the_job(
+            f"silo rank {self.get_sender_id()}",
+            f"round {int(self.round_idx) + 1}: its model times its weight factor {scale:.4g}: "
+            f"{problem}",
+        )
     finite = transform_tensor_to_finite(scaled, self.prime_number, self.precision_parameter)
     masked = model_masking(finite, self.dimensions, self.local_mask, self.prime_number)
     self.send_model_to_server(0, masked, num_samples)
+
+
+def check_initial_model(args: Any, model: Any) -> None:
+    """Before round 1 (``FedMLRunner``, every process): under ``LSA`` with a fedbalance
+    aggregator, the initial model must fit FedML's field (:func:`~.field.range_problem`), as
+    each silo's scaled model must later. FedML quantises every entry of the state dict."""
+    if str(getattr(args, "federated_optimizer", "")) != SECURE_OPTIMIZER or settings(args) is None:
+        return
+    if str(getattr(args, "training_type", "")) != "cross_silo" or not hasattr(model, "state_dict"):
+        return
+    values = [v.detach().cpu().double().abs() for v in model.state_dict().values() if v.numel()]
+    largest = max((float(v.max()) for v in values), default=0.0)
+    problem = range_problem(
+        largest, int(args.prime_number), int(args.precision_parameter), lsa_silos(args)
+    )
+    if problem is not None:
+        raise ParameterError(f"federated_optimizer: LSA, before round 1: {problem}")
 
 
 LSA = "fedml.cross_silo.lightsecagg"

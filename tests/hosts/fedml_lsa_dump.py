@@ -2,10 +2,15 @@
 
 Each client saves the model it trained (before scaling and masking) as
 ``$FEDBALANCE_DUMP/r{round}_c{rank}.pt`` and a digest of its mask as ``r{round}_c{rank}.mask``;
-the server saves each round's unmasked result as ``r{round}_server.pt``. The hooks are installed before ``import fedml`` arms fedbalance.
+the server saves each round's unmasked result as ``r{round}_server.pt``. With
+``FEDBALANCE_BAD_LOSS=RANK:JSON`` (e.g. ``1:"text"``, ``1:NaN``, ``1:[1, 2]``) silo RANK sends
+that value as its validation loss in the clear phase, every round; with
+``FEDBALANCE_INFLATE=RANK:FACTOR`` silo RANK multiplies the model it masks by FACTOR. The hooks
+are installed before ``import fedml`` arms fedbalance.
 """
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -19,7 +24,25 @@ _train, _reconstruct = secure.client_train, secure.reconstruct
 
 
 def client_train(self: Any, original: Any) -> Any:
-    _train(self, original)
+    rank, _, bad = os.environ.get("FEDBALANCE_BAD_LOSS", "").partition(":")
+    if rank and int(rank) == self.get_sender_id():
+        send = self.send_message
+
+        def send_bad(msg: Any) -> None:
+            msg.add_params(secure.KEY_VAL_LOSS, json.loads(bad))
+            send(msg)
+
+        self.send_message = send_bad  # this call's clear-phase message only
+        try:
+            _train(self, original)
+        finally:
+            del self.send_message
+    else:
+        _train(self, original)
+    rank, _, factor = os.environ.get("FEDBALANCE_INFLATE", "").partition(":")
+    if rank and int(rank) == self.get_sender_id():
+        model, n = self._fedbalance_trained
+        self._fedbalance_trained = ({k: v * float(factor) for k, v in model.items()}, n)
     model = self._fedbalance_trained[0]
     name = f"r{self.round_idx + 1}_c{self.get_sender_id()}"
     torch.save(dict(model), OUT / f"{name}.pt")

@@ -40,6 +40,7 @@ def arm() -> None:
 
     from fl_adapters.fedml import partition
     from fl_adapters.fedml.patches import cross_silo, mpi, sp
+    from fl_adapters.fedml.secure import check_initial_model
 
     if getattr(fedml.init, "_fedbalance", False):
         return
@@ -71,6 +72,8 @@ def arm() -> None:
     @functools.wraps(original_runner)
     def runner_init(self: Any, args: Any, *a: Any, **kw: Any) -> None:
         validate(args)  # before FedML's __init__: the MPI modes train inside it
+        # FedMLRunner(args, device, dataset, model, ...): LightSecAgg's field and the model.
+        check_initial_model(args, a[2] if len(a) > 2 else kw.get("model"))
         original_runner(self, args, *a, **kw)
 
     init._fedbalance = True  # type: ignore[attr-defined]

@@ -1,0 +1,113 @@
+"""What a run that ``fedbalance run`` starts listens on, read from ``/proc`` while it trains
+(issue #61: FedLab's rendezvous store and FedML's MPI listeners were on every interface).
+
+Each test starts a real run, lists the listening TCP sockets of every process below it until
+the first round is recorded (by then every rank is up), stops it, and checks the addresses.
+:func:`listeners_of_a_run` serves tests/test_fedlab.py too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fl_adapters.processes import descendants, is_loopback, listening, stop
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/net/tcp").exists(), reason="reads listening sockets from Linux /proc"
+)
+
+#: Open MPI 4.1's launcher, whose out-of-band listener binds every interface whatever any MCA
+#: parameter says (docs/hosts/fedml.md, "What listens where").
+MPIRUN = "mpirun"
+
+
+def listeners_of_a_run(
+    tmp_path: Path, config: dict[str, object], timeout: float = 120
+) -> tuple[dict[tuple[str, str, int], int], float]:
+    """``fedbalance run`` on ``config``, watched until its first round is recorded (or it
+    ends): ``{(process name, address, port): pid}`` of every socket its processes listened
+    on, and the seconds it took. Fails if the run failed or no round came."""
+    cfg, out = tmp_path / "run.yaml", tmp_path / "out"
+    cfg.write_text(yaml.safe_dump(config))
+    log = tmp_path / "run.log"
+    argv = [sys.executable, "-m", "fl_adapters.cli", "run", str(cfg), "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")}
+    start = time.monotonic()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [*argv, "--no-progress"], stdout=fh, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+    seen: dict[tuple[str, str, int], int] = {}
+    record = out / "aggregations.jsonl"
+    try:
+        while proc.poll() is None and time.monotonic() - start < timeout:
+            for pid, ip, port in listening([proc.pid, *descendants(proc.pid)]):
+                try:
+                    name = Path(f"/proc/{pid}/comm").read_text().strip()
+                except OSError:
+                    continue
+                seen[(name, ip, port)] = pid
+            if record.exists() and record.read_text().strip():
+                break  # round 1 aggregated: every rank has been up for a while
+            time.sleep(0.2)
+    finally:
+        stop(proc)  # the run, and whatever it started
+    text = log.read_text(errors="replace")
+    assert record.exists() and record.read_text().strip(), text[-3000:]
+    return seen, time.monotonic() - start
+
+
+def exposed(seen: dict[tuple[str, str, int], int]) -> list[tuple[str, str, int]]:
+    return sorted(key for key in seen if not is_loopback(key[1]))
+
+
+FEDML_RUN = {
+    "framework": "fedml-cross-silo",
+    "dataset": "fmnist",
+    "max_samples": 1000,
+    "partition": {"name": "mixed"},
+    "aggregator": "fedloss",
+    "num_clients": 6,
+    "clients_per_round": 2,
+    "rounds": 1,
+    "local_epochs": 1,
+}
+
+
+@pytest.mark.slow
+def test_a_fedml_grpc_run_listens_on_loopback_only(tmp_path: Path) -> None:
+    """FedML over gRPC: each rank's gRPC port on 127.0.0.1 and nothing else. (FedML's imports
+    of mpi4py used to make every rank a one-rank MPI world whose ``orted`` and TCP transport
+    listened on 0.0.0.0 and [::].)"""
+    pytest.importorskip("fedml")
+    pytest.importorskip("grpc")
+    seen, wall = listeners_of_a_run(tmp_path, FEDML_RUN | {"backend": "grpc"})
+    assert exposed(seen) == [], seen
+    assert {name for name, _, _ in seen} == {"python"}, seen  # no orted, no mpirun
+    ports = {int(line.rsplit(",", 1)[1]) for line in
+             (tmp_path / "out" / "grpc_ipconfig.csv").read_text().splitlines()[1:]}  # fmt: skip
+    assert ports <= {port for _, _, port in seen}, seen  # the three gRPC servers were seen
+    assert wall < 60
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which(MPIRUN) is None, reason="needs OpenMPI's mpirun")
+def test_a_fedml_mpi_run_has_no_rank_listening_beyond_loopback(tmp_path: Path) -> None:
+    """FedML cross-silo over MPI: the ranks listen on nothing (shared memory between them; the
+    TCP transport listened on 0.0.0.0 and [::]); what remains beyond loopback is mpirun's own
+    out-of-band listener, which Open MPI 4.1 binds to every interface unconditionally (the
+    documented exception)."""
+    pytest.importorskip("fedml")
+    seen, wall = listeners_of_a_run(tmp_path, FEDML_RUN)
+    assert {name for name, _, _ in exposed(seen)} <= {MPIRUN}, seen
+    assert not [key for key in seen if key[0] != MPIRUN], seen  # the ranks listen on nothing
+    assert wall < 60
