@@ -5,7 +5,9 @@ The command-line cases are :data:`fedbalance_benchmarks.hostile.CASES` (``fedbal
 hostile`` reports them): each a real ``fedbalance`` (or Python) process under a 1 GiB data
 limit (``RLIMIT_DATA``: torch's shared libraries need address space, not data) and a time
 limit, so a case that tried to expand a YAML bomb, allocate a claimed 10^13-element array or
-recurse without end would die of ``MemoryError`` or time out, not print its one line. The rest
+recurse without end would die of ``MemoryError`` or time out, not print its one line. The list
+holds issue #61's second pass too (each also tested where it was fixed): plugins found through a
+``.dist-info`` on ``PYTHONPATH``, a zip bomb, a disk that fills up (``RLIMIT_FSIZE``). The rest
 run in this process: checkpoints, aggregators, JSON output.
 """
 
