@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import hashlib
 import ipaddress
+import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def exit_reason(code: int) -> str:
@@ -178,7 +184,7 @@ def loopback_env(environ: Mapping[str, str]) -> dict[str, str]:
       the TCP BTL is left out. ``*_if_include`` restrict what Open MPI connects over, should a
       user turn it back on; set only when the user has set neither ``include`` nor
       ``exclude`` (Open MPI refuses both). mpirun's own out-of-band listener is not governed by
-      any of these in Open MPI 4.1 (docs/hosts/fedml.md).
+      any of these in Open MPI 4.1: :func:`loopback_preload` binds it to loopback.
     * gloo (torch.distributed) binds its pairs to the address of ``GLOO_SOCKET_IFNAME``.
     """
     lo = loopback_interface()
@@ -190,6 +196,55 @@ def loopback_env(environ: Mapping[str, str]) -> dict[str, str]:
         wanted["GLOO_SOCKET_IFNAME"] = lo
     wanted["OMPI_MCA_oob_tcp_disable_ipv6_family"] = "1"
     return {k: v for k, v in wanted.items() if k not in environ}
+
+
+#: The C source of the bind shim :func:`loopback_preload` builds (shipped beside this module).
+SHIM_SOURCE = Path(__file__).with_name("_bindlo.c")
+
+
+@functools.cache
+def loopback_preload() -> str | None:
+    """A shared library that, loaded with ``LD_PRELOAD``, binds every socket meant for all
+    interfaces (``0.0.0.0``, ``[::]``) to loopback instead: mpirun's out-of-band listener,
+    which Open MPI 4.1 binds to every interface whatever its MCA parameters say. Built once
+    per source with the system's C compiler into the user's cache; ``None`` (with one warning
+    naming what stays open) where there is no compiler or the build fails."""
+    source = SHIM_SOURCE.read_bytes()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedbalance"
+    built = cache / f"bindlo-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if built.exists():
+        return str(built)
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    why = "no C compiler (cc) on PATH"
+    if cc is not None:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            partial = built.with_suffix(f".{os.getpid()}.tmp")
+            done = subprocess.run(
+                [cc, "-shared", "-fPIC", "-O2", "-o", str(partial), str(SHIM_SOURCE), "-ldl"],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            if done.returncode == 0:
+                partial.replace(built)  # atomic: two runs building at once both get a whole one
+                return str(built)
+            why = f"{cc} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+            partial.unlink(missing_ok=True)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = f"{cc} failed: {e}"
+    log.warning(
+        "cannot build fedbalance's loopback shim (%s): mpirun's out-of-band listener will "
+        "listen on every interface (docs/hosts/fedml.md)",
+        why,
+    )
+    return None
+
+
+def with_preload(env: Mapping[str, str], library: str | None) -> dict[str, str]:
+    """``env`` with ``library`` first in ``LD_PRELOAD`` (unchanged when ``None``)."""
+    out = dict(env)
+    if library is not None:
+        out["LD_PRELOAD"] = " ".join(x for x in (library, env.get("LD_PRELOAD", "")) if x)
+    return out
 
 
 def listening(pids: list[int]) -> list[tuple[int, str, int]]:

@@ -101,13 +101,46 @@ def test_a_fedml_grpc_run_listens_on_loopback_only(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which(MPIRUN) is None, reason="needs OpenMPI's mpirun")
-def test_a_fedml_mpi_run_has_no_rank_listening_beyond_loopback(tmp_path: Path) -> None:
+def test_a_fedml_mpi_run_listens_on_loopback_only(tmp_path: Path) -> None:
     """FedML cross-silo over MPI: the ranks listen on nothing (shared memory between them; the
-    TCP transport listened on 0.0.0.0 and [::]); what remains beyond loopback is mpirun's own
-    out-of-band listener, which Open MPI 4.1 binds to every interface unconditionally (the
-    documented exception)."""
+    TCP transport listened on 0.0.0.0 and [::]), and mpirun's own out-of-band listener, which
+    Open MPI 4.1 binds to every interface whatever it is told, is on loopback too (the bind
+    shim, ``loopback_preload``)."""
     pytest.importorskip("fedml")
     seen, wall = listeners_of_a_run(tmp_path, FEDML_RUN)
-    assert {name for name, _, _ in exposed(seen)} <= {MPIRUN}, seen
-    assert not [key for key in seen if key[0] != MPIRUN], seen  # the ranks listen on nothing
+    assert exposed(seen) == [], seen
+    assert {name for name, _, _ in seen} <= {MPIRUN}, seen  # the ranks listen on nothing
+    assert any(name == MPIRUN for name, _, _ in seen), seen  # mpirun's listener was seen
     assert wall < 60
+
+
+def test_without_a_compiler_the_shim_is_none_and_says_what_stays_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fl_adapters import processes
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, no gcc
+    assert processes.loopback_preload.__wrapped__() is None
+    assert "no C compiler" in caplog.text and "every interface" in caplog.text
+
+
+def test_the_shim_binds_every_interface_to_loopback(tmp_path: Path) -> None:
+    """A process that binds 0.0.0.0 and [::] under the shim listens on 127.0.0.1 and [::1];
+    a bind to a named address is left alone."""
+    from fl_adapters import processes
+
+    library = processes.loopback_preload.__wrapped__()
+    if library is None:
+        pytest.skip("no C compiler")
+    probe = (
+        "import socket\n"
+        "for family, host in ((socket.AF_INET, '0.0.0.0'), (socket.AF_INET6, '::'),"
+        " (socket.AF_INET, '127.0.0.1')):\n"
+        "    s = socket.socket(family); s.bind((host, 0)); print(s.getsockname()[0])\n"
+    )
+    env = processes.with_preload(os.environ, library)
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["127.0.0.1", "::1", "127.0.0.1"]

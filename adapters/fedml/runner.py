@@ -25,7 +25,15 @@ from fl_adapters.config import ConfigError, RunConfig, RunFailed
 from fl_adapters.experiment import run_summary
 from fl_adapters.fedml.adapter import HOSTS, check_resume
 from fl_adapters.fedml.ipconfig import require_grpcio, write_ipconfig
-from fl_adapters.processes import free_ports, loopback_env, start_logged, stop, watch
+from fl_adapters.processes import (
+    free_ports,
+    loopback_env,
+    loopback_preload,
+    start_logged,
+    stop,
+    watch,
+    with_preload,
+)
 from fl_adapters.rundir import RunFiles
 from fl_aggregators.record import ENV, RUN_ENV
 
@@ -166,6 +174,9 @@ def run_fedml(
         run_grpc(config, files, cfg_path, {"OMP_NUM_THREADS": "1", **NO_MPI} | env, timeout)
         return collect(config, files, elapsed_s=time.monotonic() - started)
     log_path = out_dir / "fedml.log"
+    # mpirun's own listener binds every interface whatever Open MPI is told: the shim binds it
+    # (and anything else meant for every interface) to loopback.
+    env = with_preload(env, loopback_preload())
     proc = start_logged(command(config, cfg_path), log_path, cwd=out_dir, env=env)  # and its ranks
     failed = watch([("FedML", proc)], timeout)
     if failed is not None:
