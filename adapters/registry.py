@@ -8,8 +8,9 @@ built-ins only (as pytest's ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``), e.g. when a plu
 
 Every plugin is checked before it is used: ``check_pending()`` makes a misspelt hook
 (``fedbalance_aggregator``) an error naming it, and a ``fedbalance_*`` function without
-``@hookimpl`` is an error too (pluggy would ignore it). The classes come from calling each
-plugin's implementations of the hooks in ``pm.hook``, so each is attributed to its plugin.
+``@hookimpl`` is an error too (pluggy would ignore it). The classes come from pluggy's own
+hook calls, one per plugin (:meth:`Registry._collect` says why), and each plugin's distribution
+from pluggy's record of what it loaded (``list_plugin_distinfo``).
 
 Names are case-insensitive. An unknown name raises :class:`UnknownPluginError`, which lists
 every available name and suggests the closest; a plugin that fails to import or whose hook
@@ -131,10 +132,14 @@ class Registry:
         self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT)
         self.plugin_manager.add_hookspecs(hookspecs)
         self.plugin_manager.register(builtin, name=BUILTIN)
-        self._sources = {BUILTIN: DISTRIBUTION}
         if autoload if autoload is not None else not env_flag(DISABLE_ENV):
             for dist, ep in _entry_points():
                 self._load(dist, ep)
+        pm = self.plugin_manager
+        self._sources = {BUILTIN: DISTRIBUTION} | {
+            str(pm.get_name(plugin)): dist.project_name
+            for plugin, dist in pm.list_plugin_distinfo()
+        }
         self._check()
         self._tables: dict[str, dict[str, PluginInfo]] = {kind: {} for kind in KINDS}
         for kind in KINDS:
@@ -149,7 +154,6 @@ class Registry:
                 f"fedbalance plugin {ep.name!r} from {dist} failed to import "
                 f"({ep.value}): {_raised(e)}"
             ) from e
-        self._sources[ep.name] = dist
         plugin = self.plugin_manager.get_plugin(ep.name)
         for attr in dir(plugin):
             value = getattr(plugin, attr, None)
@@ -182,19 +186,28 @@ class Registry:
             ) from e
 
     def _collect(self, kind: str) -> None:
-        """Call every plugin's ``fedbalance_<kind>`` (through ``pm.hook``) and add its classes."""
-        caller = getattr(self.plugin_manager.hook, f"fedbalance_{kind}")
-        for impl in caller.get_hookimpls():
-            source = self._sources.get(impl.plugin_name, "(unknown distribution)")
+        """Call ``fedbalance_<kind>`` through pluggy and add the classes it returns.
+
+        One call per plugin (``subset_hook_caller``: pluggy's own call loop, with its tracing,
+        monitoring and the plugin's own hook wrappers), not one ``pm.hook.fedbalance_<kind>()``
+        for all: that call returns the lists without saying which plugin gave which (and drops
+        a ``None``), so neither a class's distribution nor a hook that raised could be named.
+        """
+        pm = self.plugin_manager
+        name = f"fedbalance_{kind}"
+        impls = getattr(pm.hook, name).get_hookimpls()
+        plugins = {impl.plugin_name: impl.plugin for impl in impls}
+        for plugin_name in plugins:
+            source = self._sources.get(plugin_name, "(unknown distribution)")
+            others = [p for n, p in plugins.items() if n != plugin_name]
             try:
-                classes = list(impl.function())
+                classes = [c for result in pm.subset_hook_caller(name, others)() for c in result]
             except (Exception, SystemExit) as e:
                 raise PluginLoadError(
-                    f"fedbalance plugin {impl.plugin_name!r} from {source}: fedbalance_{kind}() "
-                    f"raised {_raised(e)}"
+                    f"fedbalance plugin {plugin_name!r} from {source}: {name}() raised {_raised(e)}"
                 ) from e
             for cls in classes:
-                self._check_kind(kind, cls, impl.plugin_name, source)
+                self._check_kind(kind, cls, plugin_name, source)
                 self._add(kind, cls, source)
 
     @staticmethod

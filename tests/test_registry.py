@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import email.message
 import importlib.util
 import json
 import subprocess
@@ -68,8 +69,10 @@ class FakeDist:
     entry_points: list[FakeEntryPoint] = field(default_factory=list)
 
     @property
-    def metadata(self) -> dict[str, str]:
-        return {"Name": self.name}
+    def metadata(self) -> email.message.Message:  # case-insensitive, as a real one's
+        meta = email.message.Message()
+        meta["Name"] = self.name
+        return meta
 
     @property
     def _normalized_name(self) -> str:  # importlib.metadata de-duplicates distributions by it
@@ -188,6 +191,28 @@ def test_third_party_component_inside_mixed(with_entry_points) -> None:  # type:
     )
     assert [ix.tolist() for ix in part.client_indices] == [[0, 2, 4], [1, 3, 5]]
     assert part.noise_std.tolist() == [0.0, 1.0]
+
+
+class Halves(EveryOther):
+    """Round-robin split, registered by a hook wrapper."""
+
+    name = "halves"
+
+
+def test_hooks_are_called_through_pluggy_with_the_plugins_own_wrapper(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    """A plugin's hook wrapper runs around its hook (pluggy's call loop, not the functions
+    called one by one), and what both give is attributed to the plugin's distribution."""
+    module = plugin_module("fb_wrapped", [EveryOther])
+
+    @hookimpl(wrapper=True, specname="fedbalance_partitioners")
+    def add_halves() -> Any:
+        found = yield
+        return [*found, [Halves]]
+
+    module.add_halves = add_halves  # type: ignore[attr-defined]
+    with_entry_points(FakeEntryPoint("wrapped", "fb_wrapped", FakeDist("fb-wrapped"), module))
+    infos = {i.name: i for i in Registry().infos("partitioners")}
+    assert infos["halves"].source == infos["every_other"].source == "fb-wrapped"
 
 
 def test_one_distribution_found_on_two_paths_is_one_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
