@@ -16,15 +16,13 @@ FedLoss-n, off in FedAvgM and Astraea): the sample
 count is a number the client reports, so one client claiming 10^3 x its samples takes the
 model. With ``sample_clip = c``, a count more than ``c`` x the round's runner-up count is not
 believed and counts as the runner-up's: a lone liar beyond that margin takes exactly the share
-of the largest honest client. Honest quantity skew is heavy-tailed (the thesis grid's quantity
-Dirichlet 0.5, 5 of 30 clients a round: the top count is above 2x the runner-up's in half of
-the rounds, above 20x in 1 %), so ``c = 1`` moves weight in every round while a wide margin
-rarely touches honest rounds; the price of the margin is that a liar who stays within it gets
-up to ``c`` x the runner-up's weight. ``fedbalance bench reliability`` measures both sides:
-``c = 20`` held a 10^3 x liar to the largest honest share and moved no honest quantity-skew
-run's final accuracy beyond its std for FedAvg and FedLoss-n; FedAvgM's moved 3.5 points on
-the 1 % of rounds it touched, so FedAvgM (and Astraea, whose ``n_m`` has its own bound) keep
-it off unless asked.
+of the largest honest client. Honest quantity skew is heavy-tailed, so ``c = 1`` would move
+weight in most rounds while a wide margin rarely touches honest rounds; the price of the margin
+is that a liar who stays within it gets up to ``c`` x the runner-up's weight.
+``fedbalance bench reliability`` measures both sides (how far honest counts spread in the
+thesis grid's quantity skew, what ``c = 20`` does to a liar and to honest runs of each
+aggregator; benchmarks/results/reliability_fmnist.md); from those figures FedAvgM (and
+Astraea, whose ``n_m`` has its own bound) keep it off unless asked.
 It needs three or more clients a round.
 
 Every bound notes whom it touched: a round's result (and aggregation record) carries

@@ -1,7 +1,8 @@
 """FedLoss-n: FedLoss that also respects how much data each client has.
 
-The FedLoss thesis (Tagarakis 2023) measured FedLoss about 7 points below FedAvg on CIFAR-10
-under quantity skew and proposed combining the two as future work. Under quantity skew a
+The FedLoss thesis (Tagarakis 2023) found FedLoss behind FedAvg under quantity skew and
+proposed combining the two as future work (the thesis's tables against ours:
+benchmarks/results/thesis_fmnist.md). Under quantity skew a
 client with 20 samples and a high validation loss gets as much say as one with 5,000; the
 loss of a tiny client is also the noisiest. Weighting by ``n_i * l_i`` keeps FedLoss's
 preference for badly fit clients *per sample*: a sample on a poorly fit client counts more

@@ -72,7 +72,8 @@ class RebalancedCache:
     """Each client's training data rebalanced by the plan's ``rad``, made once per client.
 
     One per process, in every host: FedLab's trainers and relay, FedML's sp, MPI and
-    cross-silo clients, Flower's ClientApp (which used to rebalance again on every hop).
+    cross-silo clients, Flower's ClientApp (where a mediator's chain visits a client on every
+    hop, and each visit must not rebalance again).
     :func:`rebalance_client` is a function of ``rad``, the seed and the client, so a cached
     dataset is the one a fresh call would make; a new ``rad`` or seed (another plan or run)
     starts over.
