@@ -26,7 +26,7 @@ from fl_adapters.autoload import LABELS
 from fl_adapters.config import RunConfig
 from fl_adapters.inputs import load_json
 from fl_adapters.rundir import scoped_env
-from fl_partitions.params import FedbalanceError
+from fl_checks import FedbalanceError
 
 FORMAT = "fedbalance-checkpoint"
 VERSION = 1

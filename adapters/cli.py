@@ -25,7 +25,7 @@ from fl_adapters.hosts import RunOptions
 from fl_adapters.inputs import InputError, load_json, load_yaml
 from fl_adapters.registry import build_aggregator, get_registry
 from fl_adapters.rundir import claim
-from fl_partitions.params import FedbalanceError
+from fl_checks import FedbalanceError
 
 #: What the CLI reports as one line and exit 2: fedbalance's errors about its input, an
 #: unsupported host release (``HostNotSupported`` lives in the import-time autoload, which stays

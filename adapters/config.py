@@ -13,7 +13,7 @@ from typing import Any
 
 from fl_adapters.hosts import BUILTIN_HOSTS
 from fl_adapters.inputs import InputError, brief, check_tree, load_yaml
-from fl_partitions.params import (
+from fl_checks import (
     FedbalanceError,
     ParameterError,
     check_fractions,
@@ -50,7 +50,7 @@ MAX_SEED = 2**32 - 1
 
 
 def check_value(check: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """A check of :mod:`fl_partitions.params` (one wording for every parameter fedbalance
+    """A check of :mod:`fl_checks` (one wording for every parameter fedbalance
     takes), its refusal raised as a :class:`ConfigError`."""
     try:
         return check(*args, **kwargs)

@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from fl_partitions.params import FedbalanceError
-from fl_partitions.params import shown as brief
+from fl_checks import FedbalanceError
+from fl_checks import shown as brief
 
 MAX_BYTES = 1 << 20
 MAX_NODES = 100_000

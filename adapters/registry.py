@@ -34,9 +34,9 @@ import pluggy
 from fl_adapters import builtin, hookspecs
 from fl_adapters.autoload import env_flag
 from fl_adapters.hosts import HostSpec
+from fl_checks import FedbalanceError, ParameterError
 from fl_partitions.base import Partitioner
 from fl_partitions.builtin import make_partitioner
-from fl_partitions.params import FedbalanceError, ParameterError
 
 GROUP = "fedbalance"
 DISTRIBUTION = "fedbalance"

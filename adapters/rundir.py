@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fl_partitions.params import FedbalanceError
+from fl_checks import FedbalanceError
 
 LOCK = ".fedbalance.lock"
 #: Set while a run holds its directory: the processes it starts (FedLab's server) share it.

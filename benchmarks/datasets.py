@@ -29,7 +29,7 @@ import torch
 from numpy.typing import NDArray
 
 from fedbalance_benchmarks import user_data
-from fl_partitions.params import FedbalanceError, ParameterError
+from fl_checks import FedbalanceError, ParameterError
 
 DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 MODELS = ("thesis_cnn", "astraea_cnn")
 

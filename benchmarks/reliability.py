@@ -35,7 +35,7 @@ from fedbalance_benchmarks.reliability_faults import faults
 from fedbalance_benchmarks.reliability_inputs import ASTRAEA_LIES_HEADER, astraea_lies, bad_inputs
 from fedbalance_benchmarks.reliability_quantity import QUANTITY_HEADER, SAMPLE_CLIPS, quantity_cost
 from fedbalance_benchmarks.thesis import run_config as thesis_run_config
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 KINDS = (
     "none",

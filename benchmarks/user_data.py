@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from fl_checks import FedbalanceError
 from fl_partitions._limits import MAX_CLASSES
-from fl_partitions.params import FedbalanceError
 
 PREFIX = "npy:"
 #: Channels an image may have (grey, grey + alpha, RGB, RGBA).

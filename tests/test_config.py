@@ -9,7 +9,7 @@ import pytest
 from fl_adapters.cli import main
 from fl_adapters.config import ConfigError, RunConfig
 
-#: A run's bad split: the partitioners' wording (``fl_partitions.params.check_fractions``), and
+#: A run's bad split: the partitioners' wording (``fl_checks.check_fractions``), and
 #: a run needs a train share.
 SPLIT = "split must be 3 non-negative fractions [train, val, test] summing to 1 with train > 0"
 

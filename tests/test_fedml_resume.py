@@ -152,7 +152,7 @@ def test_eval_keys_take_effect_in_fedml_or_stop_the_run() -> None:
     """``eval_every`` / ``eval_fraction`` in FedML's YAML mean what they mean on every host; a
     setting that could not take effect stops ``fedml.init`` (checked here without FedML)."""
     from fl_adapters.fedml.adapter import Evaluation, check_evaluation, evaluation
-    from fl_partitions.params import ParameterError
+    from fl_checks import ParameterError
 
     assert evaluation(fedml_args(frequency_of_the_test=3)) is None  # FedML's own rule
     assert evaluation(fedml_args(eval_every=2, eval_fraction=0.5)) == Evaluation(2, 0.5)

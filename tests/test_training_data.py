@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_adapters._training import as_xy, batches, check_sample, evaluate, num_samples
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 X = torch.randn(10, 4)
 Y = torch.arange(10) % 3

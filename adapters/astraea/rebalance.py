@@ -12,7 +12,7 @@ from numpy.typing import NDArray
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_adapters._training import stream_seed
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 #: ``torchvision.transforms.RandomAffine`` arguments of the augmentation.
 AFFINE: dict[str, Any] = {

@@ -7,7 +7,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 P = TypeVar("P")
 

@@ -28,7 +28,7 @@ from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.payload import decode, encode, pack_meta
 from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer, LocalConfig, UplinkHook
 from fl_aggregators.astraea import Astraea
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 
 def encode_mediators(mediators: list[list[int]]) -> torch.Tensor:

@@ -17,9 +17,9 @@ from fedlab.utils.dataset.partition import DataPartitioner
 from torch.utils.data import DataLoader, Dataset
 
 from fl_adapters.registry import get_registry
+from fl_checks import ParameterError
 from fl_partitions import Partition, Partitioner
 from fl_partitions._rng import SeedLike
-from fl_partitions.params import ParameterError
 from fl_partitions.transforms import NoisyDataset
 
 SPLITS = ("train", "val", "test")

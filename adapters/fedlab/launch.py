@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from fl_adapters.config import ConfigError, RunConfig, RunFailed
 from fl_adapters.processes import loopback_env, port_problem, watch
 from fl_adapters.rundir import RunFiles
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 if TYPE_CHECKING:
     from fl_adapters.checkpoint import Checkpoint

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from fedlab.core.network import DistNetwork
 
 from fl_adapters.processes import is_loopback, loopback_interface, port_problem
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 #: torch.distributed's own default for gloo: how long the ranks wait for each other to join.
 JOIN_TIMEOUT = timedelta(minutes=30)

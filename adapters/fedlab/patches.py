@@ -33,7 +33,7 @@ from fl_adapters.autoload import FEDLAB_AGGREGATOR_ENV, PATCHES
 from fl_adapters.fedlab.payload import encode, pack_meta
 from fl_adapters.inputs import brief, load_json
 from fl_adapters.registry import get_registry
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from fl_adapters.registry import build_aggregator, get_registry
 from fl_adapters.rundir import RunFiles
 from fl_aggregators import AggregationResult
 from fl_aggregators.astraea_plan import client_kl, mediator_kl
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from fl_adapters.fedml.payload import attach, decode, strip
 from fl_adapters.inputs import brief, check_tree
 from fl_adapters.registry import build_aggregator
 from fl_aggregators import Aggregator, NothingAggregated
-from fl_partitions.params import ParameterError, shown
+from fl_checks import ParameterError, shown
 
 if TYPE_CHECKING:
     from fl_adapters.fedml.astraea import SiloAstraea, SpAstraea

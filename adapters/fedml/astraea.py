@@ -27,7 +27,7 @@ from fl_adapters.astraea import (
 )
 from fl_adapters.fedml.payload import KEY_RAD, KEY_ROUND, attach, strip
 from fl_aggregators.astraea import Astraea
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
 

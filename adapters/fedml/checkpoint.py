@@ -16,7 +16,7 @@ import torch
 
 from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, check_plan, refuse_changes
 from fl_adapters.hosts import FEDML
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
 

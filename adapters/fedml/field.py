@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 #: numpy's int64, which FedML's mask coding multiplies field elements in.
 INT64_MAX = 2**63 - 1

@@ -23,7 +23,7 @@ from typing import Any
 from fl_adapters.processes import free_ports as free_ports
 from fl_adapters.processes import port_problem as port_problem
 from fl_adapters.processes import wait_listening
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
 

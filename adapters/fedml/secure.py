@@ -42,7 +42,7 @@ from fl_adapters.fedml.field import range_problem
 from fl_adapters.fedml.payload import strip
 from fl_aggregators import UPDATE_NORM, ClientUpdate
 from fl_aggregators.functional import update_norm
-from fl_partitions.params import ParameterError, shown
+from fl_checks import ParameterError, shown
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from fl_adapters.flower.strategy import FedBalanceStrategy
 from fl_adapters.flower.trainer import TrainFn, partition_id, train_reply
 from fl_aggregators import AggregationResult, ClientUpdate
 from fl_aggregators.astraea import Astraea
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
 

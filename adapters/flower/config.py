@@ -16,7 +16,7 @@ from typing import Any
 
 from fl_adapters.config import ConfigError, check_eval_keys, check_value
 from fl_adapters.inputs import InputError, brief, load_json
-from fl_partitions.params import check_positive_int
+from fl_checks import check_positive_int
 
 AGGREGATOR_KEY = "aggregator"
 ARGS_KEY = "aggregator-args"

@@ -39,13 +39,13 @@ from datasets import Dataset
 from flwr_datasets.partitioner import Partitioner as FlowerPartitioner
 
 from fl_adapters.registry import get_registry
-from fl_partitions import Partition, Partitioner
-from fl_partitions.params import (
+from fl_checks import (
     ParameterError,
     check_fractions,
     check_positive_float,
     check_positive_int,
 )
+from fl_partitions import Partition, Partitioner
 from fl_partitions.partition import DEFAULT_SPLIT, SPLIT_NAMES
 from fl_partitions.transforms import noise_block
 

@@ -76,7 +76,7 @@ from fl_adapters.flower.payload import error_line, log_errors, reply_to_update
 from fl_adapters.flower.strategy import FedBalanceStrategy, failures_named
 from fl_aggregators import UPDATE_NORM
 from fl_aggregators.functional import update_norm
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from fl_adapters._training import (
 )
 from fl_adapters.flower.config import SEED_KEY
 from fl_adapters.flower.payload import CLIENT_ID, METRICS, NUM_EXAMPLES, make_reply, to_state_dict
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 from fl_partitions.partition import DEFAULT_SPLIT, local_splits
 
 log = logging.getLogger(__name__)

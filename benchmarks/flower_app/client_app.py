@@ -12,7 +12,7 @@ from fedbalance_benchmarks.flower_app.task import client_data, model_of, train_f
 from fl_adapters.astraea import dataset_tensors
 from fl_adapters.flower.astraea import astraea_query_reply, astraea_train_reply
 from fl_adapters.flower.trainer import evaluate_reply, partition_id
-from fl_partitions.params import ParameterError
+from fl_checks import ParameterError
 
 app = ClientApp()
 

@@ -17,7 +17,7 @@ from fedbalance_benchmarks.flower_app.task import CLIENT_KEYS, model_of, run_con
 from fl_adapters.flower.payload import to_array_record, to_state_dict
 from fl_adapters.flower.privacy import wrap_from_run_config
 from fl_adapters.flower.strategy import FedBalanceStrategy, strategy_from_run_config
-from fl_partitions.params import ParameterError, shown
+from fl_checks import ParameterError, shown
 
 log = logging.getLogger(__name__)
 app = ServerApp()

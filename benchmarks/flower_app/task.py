@@ -23,8 +23,8 @@ from torch.utils.data import Dataset
 
 from fl_adapters._training import local_train, stream_seed
 from fl_adapters.config import RunConfig
+from fl_checks import ParameterError
 from fl_partitions import Partition
-from fl_partitions.params import ParameterError
 from fl_partitions.transforms import NoisyDataset
 
 #: Run-config keys the clients need, forwarded by the ServerApp in each message's config.

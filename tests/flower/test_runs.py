@@ -159,7 +159,7 @@ def test_the_app_refuses_a_strategy_it_does_not_have() -> None:
     from flwr.common.config import get_fused_config_from_dir
 
     from fedbalance_benchmarks.flower_app import server_app
-    from fl_partitions.params import ParameterError
+    from fl_checks import ParameterError
 
     config = get_fused_config_from_dir(APP, {})
     allowed = "'fedbalance', 'flower-fedavg', 'flower-fedavg-seeded'; got 'fedprox'"
