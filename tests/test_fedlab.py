@@ -165,7 +165,7 @@ def test_a_port_in_use_is_refused_before_any_process_starts(tmp_path: Path) -> N
 def test_a_run_stopped_before_its_first_checkpoint_is_told_to_start_again(tmp_path: Path) -> None:
     """The server is killed before round 1 ends: the error, a second start and a ``--resume``
     each say to start again with ``--overwrite`` (there is nothing to resume; the run used to
-    be sent to ``--resume``, which then found no checkpoint), and that start finishes."""
+    be sent to ``--resume``, which then found no checkpoint)."""
     from fl_adapters.processes import descendants
 
     def server() -> list[int]:
@@ -214,9 +214,6 @@ def test_a_run_stopped_before_its_first_checkpoint_is_told_to_start_again(tmp_pa
         f"after each round it completes), so there is nothing to resume: start the run again "
         f"without --resume and with --overwrite (it holds that run's {found})"
     )
-    done = cli(tmp_path, "--overwrite")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert len(records(out / "metrics.jsonl")) == 1
 
 
 @pytest.mark.slow

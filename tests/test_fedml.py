@@ -24,6 +24,7 @@ from helpers import check_fedloss_records, records
 
 from fl_adapters._training import TRAIN_CLOCK
 from fl_aggregators import ClientUpdate, FedLoss
+from fl_checks import ParameterError
 
 pytest.importorskip("fedml")
 
@@ -387,48 +388,50 @@ def lsa_run(
 
 @pytest.mark.slow
 @needs_mpi
-def test_a_silo_sending_a_malformed_loss_is_rejected_for_its_round_and_the_run_goes_on(
+def test_a_malformed_loss_costs_its_silo_the_round_and_a_weight_lie_costs_the_round(
     tmp_path: Path,
 ) -> None:
-    """Under LightSecAgg silo rank 1 sends its validation loss as text in the clear phase,
-    every round (a test-only switch). The server's handler used to raise on it and the whole
-    mpirun hung until killed. Now the aggregator rejects the silo for the round with a logged
-    reason, it masks zeros, and the round is the other silo's model (weight 1): the run ends
-    with exit 0. Every silo's clear phase also carries ``update_norm``: the length of its
-    update from the round's global model, which the server records as received."""
-    out, wall = lsa_run(tmp_path, FEDBALANCE_BAD_LOSS='1:"not a number"')
+    """Under LightSecAgg, round 1: silo rank 1 sends its validation loss as text in the clear
+    phase (a test-only switch). The server's handler used to raise on it and the whole mpirun
+    hung until killed; now the aggregator rejects the silo for the round with a logged reason,
+    it masks zeros, and the round is the other silo's model (weight 1). Round 2: silo rank 2
+    masks its model times 5, within the field, so nothing wraps and the server cannot see it
+    one silo at a time; the unmasked average moves the model far beyond either silo's reported
+    ``update_norm`` (the length of its update, sent in clear), which no honest weighted average
+    can, so the round is skipped and the model kept (the rule of Flower's SecAgg+ too). The
+    run ends with exit 0."""
+    out, wall = lsa_run(
+        tmp_path, FEDBALANCE_BAD_LOSS='1@1:"not a number"', FEDBALANCE_INFLATE="2@2:5"
+    )
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-3000:]
     assert wall < 180
-    entries, dump = records(tmp_path / "rec.jsonl"), tmp_path / "dump"
-    assert [e["round"] for e in entries] == [1, 2]
-    for entry in entries:
-        r = entry["round"]
-        assert entry["secure"] == "lightsecagg" and not entry["skipped"]
-        bad, good = entry["clients"]  # in sender order: rank 1, rank 2
-        assert entry["rejected"] == [
-            {"client": bad, "reason": "metric 'val_loss' is not a number: 'not a number'"}
-        ]
-        assert entry["weights"] == [0.0, 1.0]
-        assert f"silo rank 1 (client {bad}) rejected, it masks zeros this round" in log
-        # the round is the accepted silo's model, to LightSecAgg's rounding
-        got, kept = torch.load(dump / f"r{r}_server.pt"), torch.load(dump / f"r{r}_c2.pt")
-        for key, value in kept.items():
-            diff = (got[key].double() - value.double()).abs().max().item()
-            assert diff <= 2 * 2**-20, (r, key, diff)
+    (first, second), dump = records(tmp_path / "rec.jsonl"), tmp_path / "dump"
+    assert [first["round"], second["round"]] == [1, 2]
+    assert first["secure"] == second["secure"] == "lightsecagg"
+    bad, _ = first["clients"]  # in sender order: rank 1, rank 2
+    assert not first["skipped"] and first["weights"] == [0.0, 1.0]
+    assert first["rejected"] == [
+        {"client": bad, "reason": "metric 'val_loss' is not a number: 'not a number'"}
+    ]
+    assert f"silo rank 1 (client {bad}) rejected, it masks zeros this round" in log
+    # round 1 is the accepted silo's model, to LightSecAgg's rounding
+    got, kept = torch.load(dump / "r1_server.pt"), torch.load(dump / "r1_c2.pt")
+    for key, value in kept.items():
+        diff = (got[key].double() - value.double()).abs().max().item()
+        assert diff <= 2 * 2**-20, (key, diff)
+    # round 2: the lie, the round skipped, the model kept
+    assert second["skipped"] and second["rejected"] == []
+    assert "a client misreported its weight or its model; global model kept" in log
+    final = torch.load(dump / "r2_server.pt")
+    assert all(torch.equal(final[k], got[k]) for k in got)
+    for entry in (first, second):
         norms = [m["update_norm"] for m in entry["metrics"]]
         assert all(isinstance(n, float) and 0 < n < float("inf") for n in norms), norms
-    # Round 2's update norm is each silo's trained model minus round 1's result.
-    given = torch.load(dump / "r1_server.pt")
-    for rank, reported in zip(
-        (1, 2), [m["update_norm"] for m in entries[1]["metrics"]], strict=True
-    ):
-        trained = torch.load(dump / f"r2_c{rank}.pt")
-        norm = (
-            sum(float((trained[k].double() - given[k].double()).square().sum()) for k in trained)
-            ** 0.5
-        )
-        assert reported == pytest.approx(norm, rel=1e-6), (rank, reported, norm)
+    # Round 2's update norm is the honest silo's trained model minus round 1's result.
+    trained = torch.load(dump / "r2_c1.pt")
+    norm = sum(float((trained[k].double() - got[k].double()).square().sum()) for k in trained)
+    assert second["metrics"][0]["update_norm"] == pytest.approx(norm**0.5, rel=1e-6)
 
 
 @pytest.mark.slow
@@ -448,23 +451,6 @@ def test_a_silo_model_beyond_the_field_stops_the_job_instead_of_wrapping(tmp_pat
     assert "but prime_number 1073741789 with precision_parameter 20 holds |value| <=" in log
     assert not (tmp_path / "rec.jsonl").exists()
     assert wall < 120
-
-
-@pytest.mark.slow
-@needs_mpi
-def test_a_weight_lie_under_lightsecagg_skips_its_round(tmp_path: Path) -> None:
-    """Silo rank 1 masks its model times 5 (a test-only switch): within the field, so
-    nothing wraps, and invisible to the server one silo at a time. The unmasked average moves
-    the model much further than either silo's reported update, which no honest weighted
-    average can: every round is skipped and the model kept (the same rule as on Flower's
-    SecAgg+, docs/hosts/beside.md)."""
-    out, wall = lsa_run(tmp_path, FEDBALANCE_INFLATE="1:5")
-    log = out.stdout + out.stderr
-    assert out.returncode == 0, log[-3000:]
-    entries = records(tmp_path / "rec.jsonl")
-    assert [(e["round"], e["skipped"]) for e in entries] == [(1, True), (2, True)]
-    assert "a client misreported its weight or its model; global model kept" in log
-    assert wall < 180
 
 
 def test_the_field_rule_knows_primes_and_int64() -> None:
@@ -536,11 +522,6 @@ BAD_FIELDS = {
         "prime_number must be a prime p with worker_num * (p - 1)**2 <= 2**63 - 1",
         "at most 2147483647 for worker_num 2; got 9223372036854775783, which is too large",
     ),
-    "not-prime": (
-        {"prime_number": 10**9},
-        "prime_number must be a prime p with worker_num * (p - 1)**2 <= 2**63 - 1",
-        "got 1000000000, which is not prime",
-    ),
     "sum-wraps": (
         {"precision_parameter": 40},
         "prime_number 1073741789 with precision_parameter 40 holds |value| <= "
@@ -548,6 +529,28 @@ BAD_FIELDS = {
         "use precision_parameter <= 30, or a larger prime_number (at most 2147483647)",
     ),
 }
+
+
+@pytest.mark.parametrize(
+    ("prime", "precision", "words"),
+    [
+        (10**9, 20, "got 1000000000, which is not prime"),
+        (2**63 - 25, 20, "at most 2147483647 for worker_num 2; got 9223372036854775783"),
+        (2, 20, "prime_number must be at least worker_num + 1 = 3"),
+        (1073741789, 0, "precision_parameter (a positive int"),
+        (1073741789, 63, "precision_parameter"),
+    ],
+)
+def test_the_field_parameters_are_checked_with_the_rule_and_the_value(
+    prime: int, precision: int, words: str
+) -> None:
+    """What ``fedml.init()`` runs (the real-process cases below show it there): each refusal
+    names the rule and the value given."""
+    from fl_adapters.fedml.field import check_field
+
+    with pytest.raises(ParameterError, match=re.escape(words)):
+        check_field(prime, precision, 2)
+    check_field(1073741789, 20, 2)  # the example's values pass
 
 
 @pytest.mark.slow

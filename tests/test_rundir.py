@@ -87,10 +87,10 @@ TINY = {
 }
 
 
-def cli_run(work: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def cli_run(work: Path, *flags: str, **env: str) -> subprocess.CompletedProcess[str]:
     (work / "run.yaml").write_text(yaml.safe_dump(TINY))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")} | env
-    argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out"]
+    argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out", *flags]
     return subprocess.run(argv, cwd=work, env=environ, capture_output=True, text=True, timeout=120)
 
 
@@ -104,6 +104,10 @@ def test_the_inherited_claim_variable_cannot_stand_in_for_the_lock(tmp_path: Pat
         assert done.returncode == 2, done.stderr[-2000:]
         assert "holds another run's records (metrics.jsonl" in done.stderr
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == before  # nothing erased
+    (tmp_path / "out" / "metrics.jsonl").write_text('{"round": 99}\n')  # marks the old records
+    again = cli_run(tmp_path, "--overwrite")  # what the refusals offer
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert '"round": 99' not in (tmp_path / "out" / "metrics.jsonl").read_text()
 
 
 def test_a_run_still_in_its_first_round_is_in_use_not_stopped(tmp_path: Path) -> None:

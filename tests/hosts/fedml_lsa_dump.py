@@ -3,10 +3,10 @@
 Each client saves the model it trained (before scaling and masking) as
 ``$FEDBALANCE_DUMP/r{round}_c{rank}.pt`` and a digest of its mask as ``r{round}_c{rank}.mask``;
 the server saves each round's unmasked result as ``r{round}_server.pt``. With
-``FEDBALANCE_BAD_LOSS=RANK:JSON`` (e.g. ``1:"text"``, ``1:NaN``, ``1:[1, 2]``) silo RANK sends
-that value as its validation loss in the clear phase, every round; with
-``FEDBALANCE_INFLATE=RANK:FACTOR`` silo RANK multiplies the model it masks by FACTOR. The hooks
-are installed before ``import fedml`` arms fedbalance.
+``FEDBALANCE_BAD_LOSS=[ROUND@]RANK:JSON`` (e.g. ``1:"text"``, ``2@1:NaN``, ``1:[1, 2]``) silo RANK
+sends that value as its validation loss in the clear phase (in round ROUND, else every round);
+with ``FEDBALANCE_INFLATE=[ROUND@]RANK:FACTOR`` silo RANK multiplies the model it masks by
+FACTOR. The hooks are installed before ``import fedml`` arms fedbalance.
 """
 
 import hashlib
@@ -23,9 +23,18 @@ OUT = Path(os.environ["FEDBALANCE_DUMP"])
 _train, _reconstruct = secure.client_train, secure.reconstruct
 
 
+def switch(name: str, silo: Any) -> str | None:
+    """The value of test switch ``name`` (``[ROUND@]RANK:VALUE``) for this silo this round."""
+    when, _, rest = os.environ.get(name, "").rpartition("@")
+    rank, _, value = rest.partition(":")
+    if not rank or int(rank) != silo.get_sender_id():
+        return None
+    return value if not when or int(when) == silo.round_idx + 1 else None
+
+
 def client_train(self: Any, original: Any) -> Any:
-    rank, _, bad = os.environ.get("FEDBALANCE_BAD_LOSS", "").partition(":")
-    if rank and int(rank) == self.get_sender_id():
+    bad = switch("FEDBALANCE_BAD_LOSS", self)
+    if bad is not None:
         send = self.send_message
 
         def send_bad(msg: Any) -> None:
@@ -39,8 +48,8 @@ def client_train(self: Any, original: Any) -> Any:
             del self.send_message
     else:
         _train(self, original)
-    rank, _, factor = os.environ.get("FEDBALANCE_INFLATE", "").partition(":")
-    if rank and int(rank) == self.get_sender_id():
+    factor = switch("FEDBALANCE_INFLATE", self)
+    if factor is not None:
         model, n = self._fedbalance_trained
         self._fedbalance_trained = ({k: v * float(factor) for k, v in model.items()}, n)
     model = self._fedbalance_trained[0]
