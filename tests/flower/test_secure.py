@@ -1,9 +1,11 @@
 """FedLoss under Flower's SecAgg+ (SecAggPlusStrategy), on Flower's real protocol.
 
-One simulation of three virtual SuperNodes and five rounds (tests/hosts/flower_secure_sim.py):
-round 1 honest; in round 2 client 2 drops out of the masking stage after it was weighed, in
-round 3 client 1 drops out of the share-keys stage, in round 4 client 0's masked vector misses
-an array, in round 5 client 1 scales its masked model by 1000 (a weight lie). A test-only mod on
+One simulation of three virtual SuperNodes and seven rounds (tests/hosts/flower_secure_sim.py):
+round 1 honest; after it was weighed, in round 2 client 2 drops out of the masking stage, in
+round 3 client 1 out of the share-keys stage, in round 4 client 0's masked vector misses an
+array, in round 5 client 1 scales its masked model by 1000 (a weight lie), in round 6 client 0
+drops out of the setup stage, in round 7 client 2 out of the unmask stage (its masked vector is
+in the sum already: the others' shares unmask it). A test-only mod on
 the nodes keeps each round's global model and each client's trained model on disk, so the test
 computes the in-clear FedLoss from the very models the clients masked and compares it with the
 model SecAgg+ produced.
@@ -29,27 +31,22 @@ SIM = Path(__file__).resolve().parents[1] / "hosts" / "flower_secure_sim.py"
 #: SecAgg+ rounds every value to 2 * 8 / 4194304 (its clipping and quantization ranges).
 QUANTIZATION = 2 * 8 / 4194304
 MISBEHAVIOUR = [
-    "--drop",
-    "2:2",
-    "--drop",
-    "3:1:share_keys",
-    "--truncate",
-    "4:0",
-    "--lie",
-    "5:1:1000",
+    *("--drop", "2:2", "--drop", "3:1:share_keys", "--truncate", "4:0", "--lie", "5:1:1000"),
+    *("--drop", "6:0:setup", "--drop", "7:2:unmask"),
 ]
 #: Round -> the client left out of it, and why.
 LEFT = {
     2: (2, "SecAgg+ collect-masked-vectors stage: client 2 drops out in collect_masked_vectors"),
     3: (1, "SecAgg+ share-keys stage: client 1 drops out in share_keys"),
     4: (0, "SecAgg+ collect-masked-vectors stage: reply rejected, a masked vector of 10 arrays"),
+    6: (0, "SecAgg+ setup stage: client 0 drops out in setup"),
 }
 
 
 @pytest.fixture(scope="module")
 def secure_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("secagg")
-    argv = [sys.executable, str(SIM), str(out), "--rounds", "5", *MISBEHAVIOUR]
+    argv = [sys.executable, str(SIM), str(out), "--rounds", "7", *MISBEHAVIOUR]
     log = simulate_process(argv, out, out / "record.jsonl")
     return out, log
 
@@ -59,9 +56,9 @@ def secure_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_fedloss_under_secagg_equals_fedloss_in_clear(secure_run: tuple[Path, str]) -> None:
     out, log = secure_run
     record = [json.loads(line) for line in (out / "record.jsonl").read_text().splitlines()]
-    assert [e["round"] for e in record] == [1, 2, 3, 4, 5]
+    assert [e["round"] for e in record] == [1, 2, 3, 4, 5, 6, 7]
     assert "ArrayRecord(s)" not in log  # phase 1 replies carried metrics only
-    for entry in record[:4]:
+    for entry in [*record[:4], *record[5:]]:
         r = entry["round"]
         assert entry["secure"] == "secagg+" and entry["clients"] == [0, 1, 2]
         assert entry["aggregate_s"] > 0  # the aggregator's finish step, timed like aggregate
@@ -74,8 +71,8 @@ def test_fedloss_under_secagg_equals_fedloss_in_clear(secure_run: tuple[Path, st
                 models, entry["num_samples"], entry["metrics"], entry["clients"], strict=True
             )
         ]
-        got = torch.load(out / "clients" / f"r{r + 1}_global.pt")
-        if r == 1:  # nobody dropped: exactly FedLoss in clear, up to SecAgg+'s rounding
+        got = torch.load(out / "clients" / f"r{r + 1}_global.pt" if r < 7 else out / "final.pt")
+        if r not in LEFT:  # nobody left out: exactly FedLoss in clear, up to SecAgg+'s rounding
             expected = FedLoss().aggregate(start, updates)
             assert entry["weights"] == pytest.approx(expected.weights, abs=1e-12)
             want = expected.params
@@ -104,9 +101,9 @@ def test_a_weight_lie_under_masking_skips_its_round(secure_run: tuple[Path, str]
     unmasked average moves the model further than any client reported, so the round is
     skipped and the model kept."""
     out, log = secure_run
-    last = json.loads((out / "record.jsonl").read_text().splitlines()[-1])
+    last = json.loads((out / "record.jsonl").read_text().splitlines()[4])
     assert last["round"] == 5 and last["skipped"] and last["rejected"] == []
-    start, final = torch.load(out / "clients" / "r5_global.pt"), torch.load(out / "final.pt")
+    start, final = (torch.load(out / "clients" / f"r{r}_global.pt") for r in (5, 6))
     assert all(torch.equal(final[k], start[k]) for k in start)
     assert "a client misreported its weight or its model; global model kept" in log
 
