@@ -1,6 +1,7 @@
-"""The contract every built-in partitioner keeps, and the errors that replace hangs.
+"""The contract every registered partitioner keeps, and the errors that replace hangs.
 
-One contract runs over every class in ``BUILTIN_PARTITIONERS`` (default parameters) and a
+One contract runs over every partitioner the plugin registry holds (the built-ins and any
+installed plugin's; default parameters, built through the registry) and a
 few parameter sets per scheme (imbalanced-learn's ``test_common.py`` pattern): exact cover
 (or, for resampling schemes, unique indices that are a subset), local train/val/test splits
 that are disjoint covers of each client's indices, class counts that match the labels, and
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from fl_adapters.registry import get_registry
 from fl_partitions import (
     BUILTIN_PARTITIONERS,
     GlobalImbalance,
@@ -40,7 +42,11 @@ PROPERTY = settings(
 # The specs under contract: every built-in with its defaults, plus parameter sets that reach
 # the corners (tiny/huge beta, no min_size, the bounded-retry fallback, every profile, nesting).
 # ---------------------------------------------------------------------------------------------
-DEFAULT_SPECS: list[dict[str, Any]] = [{"name": cls.name} for cls in BUILTIN_PARTITIONERS]
+REGISTRY = get_registry()
+#: Builds a spec through the registry, so a plugin's partitioner (and one nested in ``mixed``
+#: or ``global_imbalance``'s ``then:``) is built as ``fedbalance`` builds it.
+build = REGISTRY.make_partitioner
+DEFAULT_SPECS: list[dict[str, Any]] = [{"name": n} for n in REGISTRY.names("partitioners")]
 EXTRA_SPECS: list[dict[str, Any]] = [
     {"name": "label_dirichlet", "beta": 0.05, "min_size": 0},
     {"name": "label_dirichlet", "beta": 100.0, "min_size": 1, "max_tries": 1},
@@ -145,7 +151,7 @@ client_counts = st.integers(1, 60)
 def partition_or_skip(
     spec: dict[str, Any], labels: np.ndarray, wanted: int, seed: int
 ) -> tuple[Partitioner, Partition]:
-    part = make_partitioner(spec)
+    part = build(spec)
     num_clients = feasible_clients(part, labels, wanted)
     assume(num_clients is not None)
     assert num_clients is not None
@@ -155,8 +161,9 @@ def partition_or_skip(
 # ---------------------------------------------------------------------------------------------
 # 1. The contract
 # ---------------------------------------------------------------------------------------------
-def test_contract_covers_every_builtin() -> None:
-    assert {s["name"] for s in ALL_SPECS} == {cls.name for cls in BUILTIN_PARTITIONERS}
+def test_contract_covers_every_registered_partitioner() -> None:
+    assert {s["name"] for s in ALL_SPECS} == set(REGISTRY.names("partitioners"))
+    assert {cls.name for cls in BUILTIN_PARTITIONERS} <= {s["name"] for s in ALL_SPECS}
 
 
 @pytest.mark.parametrize("spec", ALL_SPECS, ids=ALL_IDS)
@@ -232,7 +239,7 @@ def test_same_seed_gives_the_same_partition(
 ) -> None:
     part, a = partition_or_skip(spec, labels, wanted, seed)
     # A fresh instance built from the recorded spec must reproduce it too.
-    b = make_partitioner(a.spec).partition(labels, a.num_clients, seed=seed)
+    b = build(a.spec).partition(labels, a.num_clients, seed=seed)
     assert a.spec == b.spec == part.spec()
     assert a.seed == b.seed == seed
     for x, y in zip(a.client_indices, b.client_indices, strict=True):
@@ -271,7 +278,7 @@ FIXED_LABELS = np.random.default_rng(7).integers(0, 10, 2000)
 def test_different_seeds_give_different_partitions(spec: dict[str, Any]) -> None:
     # 20 clients over 10 classes: even label_quantity k=1 (client i holds class i mod 10,
     # a fixed plan) then splits each class between two clients at random.
-    part = make_partitioner(spec)
+    part = build(spec)
     a = part.partition(FIXED_LABELS, 20, seed=0)
     b = part.partition(FIXED_LABELS, 20, seed=1)
     assert any(
@@ -281,7 +288,7 @@ def test_different_seeds_give_different_partitions(spec: dict[str, Any]) -> None
 
 @pytest.mark.parametrize("spec", DEFAULT_SPECS, ids=[spec_id(s) for s in DEFAULT_SPECS])
 def test_generator_seed_is_reproducible_and_recorded(spec: dict[str, Any]) -> None:
-    part = make_partitioner(spec)
+    part = build(spec)
     a = part.partition(FIXED_LABELS, 10, seed=np.random.default_rng(42))
     b = part.partition(FIXED_LABELS, 10, seed=np.random.default_rng(42))
     assert a.seed == b.seed
@@ -297,7 +304,7 @@ def test_partition_never_touches_the_global_numpy_rng(spec: dict[str, Any]) -> N
     # The legacy global RNG is touched on purpose here: the test is that we leave it alone.
     np.random.seed(123)  # noqa: NPY002
     before = np.random.get_state()[1].copy()  # type: ignore[index]  # noqa: NPY002
-    make_partitioner(spec).partition(FIXED_LABELS, 10, seed=3)
+    build(spec).partition(FIXED_LABELS, 10, seed=3)
     after = np.random.get_state()[1]  # type: ignore[index]  # noqa: NPY002
     np.testing.assert_array_equal(before, after)
 
@@ -327,7 +334,7 @@ def test_num_classes_larger_than_the_labels_gives_empty_columns() -> None:
 @pytest.mark.parametrize("spec", DEFAULT_SPECS, ids=[spec_id(s) for s in DEFAULT_SPECS])
 def test_one_client_holds_every_kept_sample(spec: dict[str, Any]) -> None:
     labels = np.arange(40) % 2  # two classes, so label_quantity's k=2 fits one client
-    part = make_partitioner(spec)
+    part = build(spec)
     p = part.partition(labels, 1, seed=0)
     expected = np.arange(len(labels)) if not resamples(part) else p.client_indices[0]
     np.testing.assert_array_equal(p.client_indices[0], expected)
@@ -368,7 +375,7 @@ def expect(exc: type[Exception], *fragments: str) -> Any:
 @pytest.mark.parametrize("spec", DEFAULT_SPECS, ids=[spec_id(s) for s in DEFAULT_SPECS])
 def test_more_clients_than_samples_is_a_value_error(spec: dict[str, Any]) -> None:
     labels = np.arange(8) % 2
-    part = make_partitioner(spec)
+    part = build(spec)
     with pytest.raises(ValueError) as info:
         part.partition(labels, 9, seed=0)
     message = str(info.value)
