@@ -14,10 +14,8 @@ over the model by reporting a huge one. Two bounds apply before normalising:
   loss among the *other* clients of the round. Only the round's single largest loss can be
   lowered, and with the default a lone liar takes exactly the share of the highest honest
   client of its round. The price on honest rounds is that the top client's loss is lowered to
-  the runner-up's. Measured from the recorded weights of the thesis grid
-  (``benchmarks/results/thesis_fmnist.md``, 5 clients a round), the top/runner-up loss ratio
-  averages 1.10 (IID) to 1.26 (quantity skew), so the top client loses about 0.02-0.05 of
-  weight to the others.
+  the runner-up's; how far apart the two are in the thesis grid, and so how much weight the
+  top client gives up, is in the recorded weights behind ``benchmarks/results/thesis_fmnist.md``.
 
 ``loss_clip=None, peer_clip=None`` is the thesis's rule exactly, unbounded (the thesis
 benchmark's ``fedloss`` runs that way; ``fedloss-default`` runs these defaults beside it, and
