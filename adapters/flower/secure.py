@@ -403,32 +403,34 @@ def _keys_problem(configs: ConfigRecord) -> str | None:
     return None
 
 
-def _shares_problem(configs: ConfigRecord) -> str | None:
-    dsts = configs.get(SecKey.DESTINATION_LIST)
-    texts = configs.get(SecKey.CIPHERTEXT_LIST)
-    if not isinstance(dsts, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in dsts
+def _node_bytes_problem(
+    configs: ConfigRecord, ids_key: str, items_key: str, ids: str, items: str
+) -> str | None:
+    """What is wrong with a reply's pair of parallel lists: node ids and bytes (``None``:
+    nothing). ``ids`` and ``items`` name them in the reason."""
+    nodes, values = configs.get(ids_key), configs.get(items_key)
+    if not isinstance(nodes, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) for n in nodes
     ):
-        return "its destinations are not a list of node ids"
-    if not isinstance(texts, list) or not all(isinstance(t, bytes) for t in texts):
-        return "its ciphertexts are not a list of bytes"
-    if len(dsts) != len(texts):
-        return f"{len(texts)} ciphertexts for {len(dsts)} destinations"
+        return f"its {ids} are not a list of node ids"
+    if not isinstance(values, list) or not all(isinstance(v, bytes) for v in values):
+        return f"its {items} are not a list of bytes"
+    if len(nodes) != len(values):
+        return f"{len(values)} {items} for {len(nodes)} {ids}"
     return None
 
 
+def _shares_problem(configs: ConfigRecord) -> str | None:
+    return _node_bytes_problem(
+        configs, SecKey.DESTINATION_LIST, SecKey.CIPHERTEXT_LIST, "destinations", "ciphertexts"
+    )
+
+
 def _unmask_problem(configs: ConfigRecord, sampled: set[int]) -> str | None:
-    nids = configs.get(SecKey.NODE_ID_LIST)
-    shares = configs.get(SecKey.SHARE_LIST)
-    if not isinstance(nids, list) or not all(
-        isinstance(n, int) and not isinstance(n, bool) for n in nids
-    ):
-        return "its node ids are not a list of ints"
-    if not isinstance(shares, list) or not all(isinstance(b, bytes) for b in shares):
-        return "its shares are not a list of bytes"
-    if len(nids) != len(shares):
-        return f"{len(shares)} shares for {len(nids)} node ids"
-    strangers = sorted(set(cast(list[int], nids)) - sampled)
+    why = _node_bytes_problem(configs, SecKey.NODE_ID_LIST, SecKey.SHARE_LIST, "node ids", "shares")
+    if why is not None:
+        return why
+    strangers = sorted(set(cast(list[int], configs[SecKey.NODE_ID_LIST])) - sampled)
     if strangers:
         return f"shares of nodes not in this round: {strangers[:5]}"
     return None

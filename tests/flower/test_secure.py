@@ -22,9 +22,16 @@ import numpy as np
 import pytest
 import torch
 from flower_runs import simulate_process
+from flwr.app import ConfigRecord
+from flwr.common.secure_aggregation.secaggplus_constants import Key
 
 from fl_adapters.config import ConfigError
-from fl_adapters.flower.secure import SecAggPlusStrategy, _masked_array_problem
+from fl_adapters.flower.secure import (
+    SecAggPlusStrategy,
+    _masked_array_problem,
+    _shares_problem,
+    _unmask_problem,
+)
 from fl_aggregators import ClientUpdate, FedLoss
 
 SIM = Path(__file__).resolve().parents[1] / "hosts" / "flower_secure_sim.py"
@@ -151,3 +158,23 @@ def test_what_needs_the_models_refuses_secagg(aggregator: str, args: dict, words
 def test_flower_checks_its_own_secagg_parameters() -> None:
     with pytest.raises(ValueError):
         SecAggPlusStrategy("fedloss", num_shares=3, reconstruction_threshold=5)
+
+
+@pytest.mark.parametrize(
+    ("stage", "record", "words"),
+    [
+        ("shares", {Key.DESTINATION_LIST: [1, 2], Key.CIPHERTEXT_LIST: [b"a", b"b"]}, None),
+        ("shares", {Key.DESTINATION_LIST: [1, 2], Key.CIPHERTEXT_LIST: [b"a"]}, "1 ciphertexts"),
+        ("shares", {Key.DESTINATION_LIST: [True], Key.CIPHERTEXT_LIST: [b"a"]}, "destinations"),
+        ("unmask", {Key.NODE_ID_LIST: [1], Key.SHARE_LIST: [b"a"]}, None),
+        ("unmask", {Key.NODE_ID_LIST: [1, 9], Key.SHARE_LIST: [b"a", b"b"]}, "not in this round"),
+        ("unmask", {Key.NODE_ID_LIST: [1], Key.SHARE_LIST: ["text"]}, "not a list of bytes"),
+        ("unmask", {}, "node ids are not a list"),
+    ],
+)
+def test_key_and_share_lists_are_checked_before_flower_reads_them(
+    stage: str, record: dict, words: str | None
+) -> None:
+    configs = ConfigRecord(record)
+    why = _shares_problem(configs) if stage == "shares" else _unmask_problem(configs, {1, 2})
+    assert why is None if words is None else words in str(why), why
