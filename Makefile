@@ -173,7 +173,7 @@ test:
 # One process: the module-scoped runs are shared by their tests, and xdist would set them up
 # once per worker (measured: no faster with -n 2).
 test-flower: setup-flower
-	$(FLOWER_PY) -m mypy --follow-imports=silent adapters/flower benchmarks/flower_app benchmarks/perf_flower_overhead.py
+	$(FLOWER_PY) -m mypy --follow-imports=silent adapters/flower benchmarks/perf_flower_overhead.py
 	$(FLOWER_PY) -m pytest tests/flower --durations=10 $(PYTEST_ARGS)
 
 # The smoke lane on the oldest supported Flower: its version check, the strategy on its messages,

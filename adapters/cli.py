@@ -7,7 +7,7 @@ printed as one line naming what was wrong, and the exit status is 2 — never a 
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.metadata
 import json
 import logging
 import random
@@ -94,7 +94,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from fedbalance_benchmarks.datasets import load_labels
+    from fl_adapters.datasets import load_labels
 
     spec: dict[str, Any] = read_spec(args.spec) if args.spec else {}
     if args.scheme:
@@ -131,25 +131,22 @@ def cmd_partition(args: argparse.Namespace) -> int:
         plot_class_bars(partition, args.plot, title=f"{args.dataset}: {partition.spec['name']}")
         print(f"wrote {args.plot}")
         if partition.noise_std.any() and not args.dataset.endswith(".npy"):  # images to show
-            from fedbalance_benchmarks.datasets import load_dataset
-            from fl_adapters.demo import noise_grid
+            from fl_adapters.datasets import load_dataset
+            from fl_partitions.plots import plot_partition_noise
 
             train = load_dataset(args.dataset, train=True, data_dir=args.data_dir)
-            noise = noise_grid(partition, train, Path(args.plot).with_suffix(".noise.png"))
+            noise = plot_partition_noise(
+                partition, train, Path(args.plot).with_suffix(".noise.png")
+            )
             print(f"wrote {noise} (feature noise, pixel units)")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from fl_adapters.demo import run_demo
-
-    return run_demo(
-        out_dir=Path(args.out),
-        clients=args.clients,
-        seed=args.seed,
-        data_dir=args.data_dir,
-        train=not args.no_train,
-    )
+    argv = ["--out", args.out, "--clients", str(args.clients), "--seed", str(args.seed)]
+    argv += ["--data-dir", args.data_dir] if args.data_dir else []
+    argv += ["--no-train"] if args.no_train else []
+    return run_bench("demo", argv)
 
 
 def load_config(path: str) -> RunConfig:
@@ -273,24 +270,35 @@ def cmd_astraea_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    return int(importlib.import_module(BENCHES[args.suite]).main(args.rest))
+    return run_bench(args.suite, args.rest)
 
 
-#: ``fedbalance bench NAME`` -> module with ``main(argv)``; runnable from an installed wheel.
-BENCHES = {
-    "astraea": "fedbalance_benchmarks.astraea",
-    "fedavgm-sweep": "fedbalance_benchmarks.fedavgm_sweep",
-    "fedlab-overhead": "fedbalance_benchmarks.perf_fedlab_overhead",
-    "fedml-overhead": "fedbalance_benchmarks.perf_fedml_overhead",
-    "grpc-shutdown": "fedbalance_benchmarks.grpc_shutdown",
-    "flower-overhead": "fedbalance_benchmarks.perf_flower_overhead",
-    "perf-aggregate": "fedbalance_benchmarks.perf_aggregate",
-    "perf-partition": "fedbalance_benchmarks.perf_partition",
-    "reliability": "fedbalance_benchmarks.reliability",
-    "scale": "fedbalance_benchmarks.scale",
-    "hostile": "fedbalance_benchmarks.hostile",
-    "thesis": "fedbalance_benchmarks.thesis",
-}
+#: The entry-point group benchmarks register under: ``NAME = "module"``, a module with
+#: ``main(argv)`` run by ``fedbalance bench NAME``. fedbalance's own (``demo`` among them) are
+#: in its pyproject.toml; the product never imports them by name.
+BENCH_GROUP = "fedbalance.bench"
+
+
+def benches() -> dict[str, importlib.metadata.EntryPoint]:
+    """The installed benchmarks by name. Every distribution found is read, not the first of
+    each name: a source checkout's stale ``fedbalance.egg-info`` (left by a build, found first
+    when the checkout is the working directory) must not hide the installed entry points."""
+    return {
+        ep.name: ep
+        for dist in importlib.metadata.distributions()
+        for ep in dist.entry_points
+        if ep.group == BENCH_GROUP
+    }
+
+
+def run_bench(name: str, argv: Sequence[str]) -> int:
+    found = benches()
+    if name not in found:
+        raise UsageError(
+            f"no benchmark {name!r} is installed (entry-point group {BENCH_GROUP!r}); "
+            f"installed: {', '.join(sorted(found)) or 'none'}"
+        )
+    return int(found[name].load().main(list(argv)))
 
 
 # -- parser -----------------------------------------------------------------------------------
@@ -460,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_astraea_plan)
 
     p = sub.add_parser("bench", help="run a bundled benchmark (extra arguments go to it)")
-    p.add_argument("suite", choices=sorted(BENCHES))
+    p.add_argument("suite", choices=sorted(benches()))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the benchmark")
     p.set_defaults(func=cmd_bench)
     return parser

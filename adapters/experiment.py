@@ -23,7 +23,7 @@ from fl_partitions import Partition
 
 def training_data(config: RunConfig) -> tuple[Any, np.ndarray, Partition]:
     """The training set (capped at ``max_samples``, seeded), its labels and its partition."""
-    from fedbalance_benchmarks.datasets import dataset_targets, load_dataset
+    from fl_adapters.datasets import dataset_targets, load_dataset
 
     registry = get_registry()
     registry.make_aggregator(config.aggregator, **config.aggregator_args)  # fail before loading
@@ -59,11 +59,11 @@ def check(config: RunConfig) -> dict[str, Any]:
                 f"process trains once a round, as FedML's client counts rounds), got {epochs!r}"
             )
     _, labels, partition = training_data(config)
-    from fedbalance_benchmarks.models import model_for
+    from fl_adapters.models import model_for
 
     model_for(config.model, config.dataset, config.data_dir)  # images it can take (1x1 cannot)
     if config.eval_data == "test":
-        from fedbalance_benchmarks.datasets import load_dataset
+        from fl_adapters.datasets import load_dataset
 
         load_dataset(config.dataset, train=False, data_dir=config.data_dir)
     sizes = [len(c) for c in partition.client_indices]
@@ -128,8 +128,8 @@ def plan_of_run(config: RunConfig) -> dict[str, Any]:
     labels counted, the plan from the config's ``aggregator_args``, the round's clients drawn
     by the hosts' sampler (:func:`~fl_adapters.sampling.sample_round`) and grouped
     (:meth:`~fl_adapters.astraea.AstraeaPlanner.preview`)."""
-    from fedbalance_benchmarks.datasets import image_spec
     from fl_adapters.astraea import AstraeaPlanner, label_counts
+    from fl_adapters.datasets import image_spec
     from fl_adapters.sampling import sample_round
 
     aggregator = build_aggregator(config.aggregator, config.aggregator_args)

@@ -145,3 +145,15 @@ FLOWER = HostSpec(
     ),  # fmt: skip
 )
 BUILTIN_HOSTS = (FEDLAB, FEDML, FLOWER)
+
+#: How the simulation's engine finds the messages for its virtual nodes (``simulate``):
+#: ``index`` (fedbalance's, one scan of the stored messages a pass, the default) or ``flower``
+#: (Flower's, one query per node). Here, not in the app (``fl_adapters.flower.app``, which needs flwr):
+#: fedbalance's environment sets them for Flower's.
+POLLING_ENV, POLLING = "FEDBALANCE_FLOWER_POLLING", ("index", "flower")
+
+#: How many ClientApp actors the simulation keeps: unset, Flower's default (one per CPU core Ray
+#: finds, each client asking for one); ``N``, exactly ``N`` whatever the machine. Each actor is
+#: a process that imports torch and the app and loads the data: on 2 cores a 2-node, 2-round
+#: digits run took 33.8 CPU-s (23.5 s) with two actors and 20.6 CPU-s (20.6 s) with one.
+ACTORS_ENV, MAX_ACTORS = "FEDBALANCE_FLOWER_ACTORS", 1024

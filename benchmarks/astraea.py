@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--runs-dir", type=Path, default=None)
     a = ap.parse_args(argv)
-    from fedbalance_benchmarks.datasets import bench_dataset
+    from fl_adapters.datasets import bench_dataset
 
     dataset = bench_dataset(a.dataset, a.quick)
     opts: dict[str, Any] = dict(QUICK if a.quick else FULL)

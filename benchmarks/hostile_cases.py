@@ -149,7 +149,7 @@ def _zip_bomb(d: Path) -> None:
     import zipfile
     import zlib
 
-    from fedbalance_benchmarks.user_data import _memory_cap
+    from fl_adapters.user_data import _memory_cap
 
     _images_run(d)
     block = 1 << 24  # 256 images of 256 x 256

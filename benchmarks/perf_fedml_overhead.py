@@ -44,11 +44,11 @@ def run(
 ) -> dict[str, Any]:
     from fedml.simulation.sp.fedavg.fedavg_api import FedAvgAPI
 
-    from fedbalance_benchmarks.models import ThesisCNN
     from fl_adapters.config import RunConfig
     from fl_adapters.fedml import adapter
     from fl_adapters.fedml.payload import attach
     from fl_adapters.fedml.runner import run_fedml
+    from fl_adapters.models import ThesisCNN
 
     torch.manual_seed(0)
     states = [ThesisCNN().state_dict() for _ in range(5)]

@@ -61,8 +61,8 @@ from typing import Any
 
 import numpy as np
 
-from fedbalance_benchmarks.flower_app import POLLING_ENV
 from fl_adapters._training import TRAIN_CLOCK
+from fl_adapters.hosts import POLLING_ENV
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "fedbalance bench scale"
@@ -257,7 +257,7 @@ def side_by_side(
             turn = rep % len(strategies)
             order = strategies[turn:] + strategies[:turn]
             for strategy in order:
-                argv = [str(flower_python()), "-m", "fedbalance_benchmarks.flower_app.simulate"]
+                argv = [str(flower_python()), "-m", "fl_adapters.flower.app.simulate"]
                 argv += ["--num-supernodes", str(nodes), "--run-config"]
                 argv += [f"{config} strategy='{strategy}' out-dir='{Path(tmp) / strategy}'"]
                 started = time.perf_counter()

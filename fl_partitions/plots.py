@@ -117,3 +117,17 @@ def plot_noise_grid(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def plot_partition_noise(partition: Partition, train: Any, path: str | Path) -> Path:
+    """A few of client 0's images (``train``: the dataset the partition indexes) under the
+    feature noise of five clients from the first to the last, in pixel units as runs add it."""
+    clients = partition.num_clients
+    cols = sorted({0, clients // 4, clients // 2, (3 * clients) // 4, clients - 1})
+    return plot_noise_grid(
+        [train[int(i)][0] for i in partition.client_indices[0][:4]],
+        [float(partition.noise_std[c]) for c in cols],
+        path,
+        seed=partition.seed,
+        pixel_scale=float(getattr(train, "pixel_scale", 1.0)),
+    )

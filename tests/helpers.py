@@ -92,7 +92,7 @@ def user_data_run(work: Path, framework: str) -> dict[str, Any]:
     import torch
     import yaml
 
-    from fedbalance_benchmarks.models import build_model
+    from fl_adapters.models import build_model
 
     data = images_npz(work / "mine.npz")
     config = {

@@ -234,7 +234,7 @@ def test_fedlab_standalone_astraea_records_mediators_kl_and_bytes(
 
 
 # -- FedML sp -------------------------------------------------------------------------------------
-EXAMPLE = Path(__file__).resolve().parents[1] / "benchmarks" / "fedml_example"
+EXAMPLE = Path(__file__).resolve().parents[1] / "adapters" / "fedml" / "example"
 
 
 def fedml_config(tmp_path: Path, name: str = "sp.yaml", **train_args: object) -> Path:

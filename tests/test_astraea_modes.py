@@ -28,7 +28,7 @@ from fl_adapters.astraea import MediatorRelay, run_mediator
 from fl_adapters.processes import free_ports
 
 HOSTS = Path(__file__).parent / "hosts"
-EXAMPLE = Path(__file__).resolve().parents[1] / "benchmarks" / "fedml_example"
+EXAMPLE = Path(__file__).resolve().parents[1] / "adapters" / "fedml" / "example"
 PARTITION = {
     "name": "global_imbalance",
     "profile": "zipf",

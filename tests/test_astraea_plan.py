@@ -359,9 +359,9 @@ def test_cli_plan_of_a_run_config_is_that_runs_round_1(tmp_path: Path, capsys) -
     samples its mediators trained on (Em passes over rebalanced data) and their KL as trained."""
     import yaml
 
-    from fedbalance_benchmarks.datasets import load_dataset
     from fl_adapters.astraea import rebalance_client
     from fl_adapters.config import RunConfig
+    from fl_adapters.datasets import load_dataset
     from fl_adapters.experiment import training_data
 
     config = {

@@ -165,6 +165,6 @@ def test_a_val_run_scores_on_the_validation_splits_only(tmp_path: Path) -> None:
     assert all("val_accuracy" in r and "test_accuracy" not in r for r in rows)
     assert summary["evaluated_on"] == "val"
     assert summary["final_accuracy"] == rows[-1]["val_accuracy"]
-    from fedbalance_benchmarks.datasets import load_digits  # the splits it read: 10 % each
+    from fl_adapters.datasets import load_digits  # the splits it read: 10 % each
 
     assert rows[0]["val_samples"] < 0.2 * len(load_digits(train=True))

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from fedbalance_benchmarks.datasets import digits_arrays
+from fl_adapters.datasets import digits_arrays
 
 
 def test_digits_are_scikit_learns_to_the_bit() -> None:
@@ -23,7 +23,7 @@ def test_loading_digits_does_not_import_scikit_learn() -> None:
     # Every client process that trains on digits loads them; the import alone took ~1.4 s.
     code = (
         "import sys\n"
-        "from fedbalance_benchmarks.datasets import load_dataset\n"
+        "from fl_adapters.datasets import load_dataset\n"
         "assert len(load_dataset('digits', train=True)) + len(load_dataset('digits', False)) == 1797\n"
         "print('sklearn' in sys.modules)\n"
     )

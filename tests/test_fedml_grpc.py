@@ -2,7 +2,7 @@
 127.0.0.1: the server (``--rank 0 --role server``) and each silo (``--rank N --role client``)
 started as FedML's docs launch them, no mpirun.
 
-The host is ``benchmarks/fedml_example/main.py`` (no fedbalance import); only its YAML and the
+The host is ``adapters/fedml/example/main.py`` (no fedbalance import); only its YAML and the
 ipconfig file change. Sizes are the other FedML tests' (2,000 Fashion-MNIST samples, 2 rounds).
 """
 

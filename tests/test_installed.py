@@ -257,11 +257,9 @@ def fedml(dists: dict[str, Path]) -> Path:
 @pytest.mark.parametrize("aggregator", [None, "fedloss"], ids=["stock", "fedloss"])
 def test_fedml_example_host_in_sp(fedml: Path, tmp_path: Path, aggregator: str | None) -> None:
     assert_installed_copy(fedml, tmp_path)
-    where = run(
-        [str(fedml), "-c", "import fedbalance_benchmarks as b; print(b.__file__)"], tmp_path
-    )
+    where = run([str(fedml), "-c", "import fl_adapters as a; print(a.__file__)"], tmp_path)
     example = tmp_path / "example"  # a user copies the bundled example and edits its YAML
-    shutil.copytree(Path(where.stdout.strip()).parent / "fedml_example", example)
+    shutil.copytree(Path(where.stdout.strip()).parent / "fedml" / "example", example)
     doc = yaml.safe_load((example / "sp.yaml").read_text())
     doc["data_args"]["max_samples"] = 1000
     doc["train_args"].pop("aggregator")

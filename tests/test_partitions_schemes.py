@@ -548,7 +548,7 @@ def test_noise_is_in_pixel_units_before_normalisation() -> None:
     """NIID-Bench adds its noise to [0, 1] pixels right after ToTensor(). On the normalised
     Fashion-MNIST tensors the runs train on, a client's view must equal: take the pixels, add
     the noise, then normalise."""
-    from fedbalance_benchmarks.datasets import FMNIST_MEAN, FMNIST_STD, ArrayDataset
+    from fl_adapters.datasets import FMNIST_MEAN, FMNIST_STD, ArrayDataset
 
     pixels = torch.rand(6, 1, 8, 8)
     normalised = ArrayDataset(
@@ -572,7 +572,7 @@ def test_pixel_scale_must_be_finite_and_positive(images: TensorDataset, scale: f
 
 
 def test_the_fashion_mnist_loader_says_its_pixel_scale() -> None:
-    from fedbalance_benchmarks.datasets import FMNIST_STD, fmnist_available, load_fmnist
+    from fl_adapters.datasets import FMNIST_STD, fmnist_available, load_fmnist
 
     if not fmnist_available():
         pytest.skip("Fashion-MNIST is not installed")

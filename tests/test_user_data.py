@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from helpers import images_npz, user_data_run
 
-from fedbalance_benchmarks.datasets import image_spec, load_dataset, load_labels
-from fedbalance_benchmarks.user_data import UserDataError
+from fl_adapters.datasets import image_spec, load_dataset, load_labels
+from fl_adapters.user_data import UserDataError
 
 
 def test_an_archive_loads_standardised_with_its_own_statistics(tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_unusable_archives_are_refused_naming_the_array(
 
 
 def test_a_model_too_big_for_the_images_is_refused(tmp_path: Path) -> None:
-    from fedbalance_benchmarks.models import model_for
+    from fl_adapters.models import model_for
 
     path = images_npz(tmp_path / "small.npz", size=14)
     with pytest.raises(ValueError, match="at least 16x16 pixels, got 14x14"):
@@ -117,7 +117,7 @@ def test_an_archive_larger_than_memory_once_read_is_refused_before_reading(
 ) -> None:
     """A small compressed member can inflate to gigabytes; what it takes once read (the array
     and its float32 copy) is checked against the memory before any of it is read."""
-    import fedbalance_benchmarks.user_data as user_data
+    import fl_adapters.user_data as user_data
 
     path = tmp_path / "zeros.npz"
     np.savez_compressed(path, x_train=np.zeros((64, 16, 16), np.uint8), y_train=np.arange(64))

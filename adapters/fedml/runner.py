@@ -1,5 +1,5 @@
 """``fedbalance run`` for FedML: writes the host's YAML and launches the bundled FedML example
-(``fedbalance_benchmarks/fedml_example/main.py``, a FedML script with no fedbalance import) in
+(``fl_adapters/fedml/example/main.py``, a FedML script with no fedbalance import) in
 the framework's mode, watched so that one dead process stops them all. The process counts, the
 files it writes and how it resumes: docs/hosts/fedml.md.
 """
@@ -47,9 +47,7 @@ NO_MPI = {"MPI4PY_RC_INITIALIZE": "false"}
 
 def host_script(cfg_path: Path) -> list[str]:
     """The bundled FedML example (a host script with no fedbalance import) on ``cfg_path``."""
-    import fedbalance_benchmarks
-
-    main = Path(fedbalance_benchmarks.__file__).resolve().parent / "fedml_example" / "main.py"
+    main = Path(__file__).resolve().parent / "example" / "main.py"
     return [sys.executable, str(main), "--cf", str(cfg_path)]
 
 

@@ -1,6 +1,6 @@
 """``fedbalance run`` on Flower, and a Flower app in the deployment engine on this machine.
 
-:func:`run_flower` runs the bundled Flower app (``benchmarks/flower_app``) from a fedbalance
+:func:`run_flower` runs the bundled Flower app (``adapters/flower/app``) from a fedbalance
 :class:`~fl_adapters.config.RunConfig`, each client one node holding its partition (docs/run.md).
 
 :func:`run_deployment` starts ``flower-superlink`` and one ``flower-supernode`` per partition on
@@ -315,7 +315,7 @@ def app_values(config: RunConfig, out_dir: Path, resume: bool = False) -> dict[s
 def check_simulation_env() -> None:
     """The simulation's environment switches, refused in one line before any process starts
     (the simulation process would refuse them too, but only into its log)."""
-    from fedbalance_benchmarks.flower_app import ACTORS_ENV, POLLING, POLLING_ENV, backend_config
+    from fl_adapters.flower.app import ACTORS_ENV, POLLING, POLLING_ENV, backend_config
 
     polling = os.environ.get(POLLING_ENV, POLLING[0])
     if polling not in POLLING:
@@ -360,7 +360,7 @@ def run_flower(
     overrides = out_dir / "run_config.toml"
     overrides.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()))
     if config.framework == "flower-deployment":
-        import fedbalance_benchmarks.flower_app as app  # its pyproject.toml ships with it
+        import fl_adapters.flower.app as app  # its pyproject.toml ships with it
 
         work = out_dir / "deployment"
         try:
@@ -376,7 +376,7 @@ def run_flower(
             raise RunFailed(f"Flower deployment: {e}{resume_hint(out_dir)}") from e
         log_path = work / "flwr-run.log"
     elif config.framework == "flower":
-        argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
+        argv = [sys.executable, "-m", "fl_adapters.flower.app.simulate"]
         argv += ["--num-supernodes", str(config.num_clients), "--run-config", str(overrides)]
         log_path = out_dir / "flower-simulation.log"
         proc = start_logged(argv, log_path, env={**os.environ, **env})  # Ray's in its group

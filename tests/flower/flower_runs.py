@@ -19,7 +19,7 @@ import torch
 import yaml
 from helpers import WALL_TIMES
 
-from fedbalance_benchmarks.flower_app import ACTORS_ENV
+from fl_adapters.flower.app import ACTORS_ENV
 
 #: FedAvgM (server momentum: aggregator state) with 2 of 3 clients a round (the seeded
 #: sampler's state matters on resume), 2 rounds: the runs the resume and CLI tests read.

@@ -78,8 +78,8 @@ def test_eval_every_and_eval_fraction_pick_the_rounds_and_clients(
     import tomllib
     import torch
 
-    from fedbalance_benchmarks.flower_app.task import client_data, model_of
     from fl_adapters._training import evaluate, evaluated_clients
+    from fl_adapters.flower.app.task import client_data, model_of
 
     out = finished(tmp_path, {**FEDAVGM, "eval_every": 2, "eval_fraction": 0.34}) / "out"
     rows = lines(out / "metrics.jsonl")

@@ -10,7 +10,7 @@ import pytest
 from datasets import Dataset
 from flwr_datasets import FederatedDataset
 
-from fedbalance_benchmarks.datasets import load_digits
+from fl_adapters.datasets import load_digits
 from fl_adapters.flower.datasets import INDEX_COLUMN, FedBalancePartitioner
 from fl_partitions import Partition
 from fl_partitions.transforms import NoisyDataset

@@ -30,7 +30,7 @@ from fl_adapters.flower import engine
 
 pytestmark = pytest.mark.usefixtures("flower_task")  # run 1, as federation() registers it
 
-SIMULATE = "fedbalance_benchmarks.flower_app.simulate"
+SIMULATE = "fl_adapters.flower.app.simulate"
 NODES = 50
 #: Partition ids that get messages, in the order they are pushed (7 gets three, 3 two).
 SENT = [7, 3, 41, 7, 0, 3, 7, 12]
@@ -146,7 +146,7 @@ def test_the_actor_count_sets_rays_cpus_or_is_refused_naming_the_range() -> None
     """``FEDBALANCE_FLOWER_ACTORS``: unset or empty keeps Flower's default (Ray's own CPU
     count, one per client); ``N`` gives Ray ``N`` CPUs, so ``N`` actors; anything else is
     refused with the range (``simulate`` turns it into its usage error)."""
-    from fedbalance_benchmarks.flower_app import MAX_ACTORS, backend_config
+    from fl_adapters.flower.app import MAX_ACTORS, backend_config
 
     default = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
     assert backend_config(None) == backend_config("") == default

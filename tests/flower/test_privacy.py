@@ -40,7 +40,7 @@ Z, CLIP = 0.2, 5.0
 
 def simulate(work: Path, run_config: str) -> dict[str, Any]:
     record = work / "record.jsonl"
-    argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
+    argv = [sys.executable, "-m", "fl_adapters.flower.app.simulate"]
     argv += ["--num-supernodes", str(NODES), "--run-config", run_config]
     log = simulate_process(argv, work, record)
     out = work / "out"

@@ -1,7 +1,7 @@
-"""The Flower app of ``benchmarks/flower_app`` run for real, with FedLoss, at digits size.
+"""The Flower app of ``adapters/flower/app`` run for real, with FedLoss, at digits size.
 
 * Simulation engine: ``flwr.simulation.run_simulation`` (Ray), two virtual SuperNodes, in a
-  child process (``python -m fedbalance_benchmarks.flower_app.simulate``).
+  child process (``python -m fl_adapters.flower.app.simulate``).
 * Deployment engine: ``flower-superlink`` plus two ``flower-supernode`` processes on
   127.0.0.1 free ports and ``flwr run ... --stream`` (:func:`fl_adapters.flower.runner.
   run_deployment`), with the ``flwr`` CLI pointed at a temporary ``FLWR_HOME``.
@@ -24,13 +24,13 @@ import pytest
 import torch
 from helpers import WALL_TIMES
 
-from fedbalance_benchmarks.flower_app import ACTORS_ENV
-from fedbalance_benchmarks.flower_app.task import model_of
 from fl_adapters._training import TRAIN_CLOCK
+from fl_adapters.flower.app import ACTORS_ENV
+from fl_adapters.flower.app.task import model_of
 from fl_adapters.flower.runner import run_deployment
 from fl_adapters.processes import stop
 
-APP = Path(__file__).resolve().parents[2] / "benchmarks" / "flower_app"
+APP = Path(__file__).resolve().parents[2] / "adapters" / "flower" / "app"
 ROUNDS = 2
 RUN_CONFIG = (
     f'num-server-rounds={ROUNDS} seed=3 partition=\'{{"name": "mixed"}}\' '
@@ -57,7 +57,7 @@ def simulation(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     record, clock = work / "record.jsonl", work / "clock.txt"
     env = {**os.environ, "FEDBALANCE_RECORD": str(record), TRAIN_CLOCK: str(clock)}
     env.pop(ACTORS_ENV, None)  # Flower's default actors: this run is the one that keeps them
-    argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
+    argv = [sys.executable, "-m", "fl_adapters.flower.app.simulate"]
     argv += ["--num-supernodes", "2", "--run-config", f"{RUN_CONFIG} out-dir='{work / 'out'}'"]
     proc = subprocess.Popen(
         argv, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -158,7 +158,7 @@ def test_the_app_refuses_a_strategy_it_does_not_have() -> None:
     evaluate every round."""
     from flwr.common.config import get_fused_config_from_dir
 
-    from fedbalance_benchmarks.flower_app import server_app
+    from fl_adapters.flower.app import server_app
     from fl_checks import ParameterError
 
     config = get_fused_config_from_dir(APP, {})

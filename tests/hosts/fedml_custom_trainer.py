@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from fedml import FedMLRunner
 from fedml.core import ClientTrainer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "fedml_example"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters" / "fedml" / "example"))
 import data  # noqa: E402  (the example's data module: Fashion-MNIST or digits partitions)
 
 

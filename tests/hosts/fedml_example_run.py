@@ -1,4 +1,4 @@
-"""The example FedML host's ``__main__`` (``benchmarks/fedml_example/main.py``) as a function, for
+"""The example FedML host's ``__main__`` (``adapters/fedml/example/main.py``) as a function, for
 the test hosts that add a line around it. Import it after anything that must precede
 ``import fedml``."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import fedml
 from fedml import FedMLRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "fedml_example"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters" / "fedml" / "example"))
 import data  # noqa: E402  (the example's data module)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import fedml
 from fedml.cross_silo import Server
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "fedml_example"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "adapters" / "fedml" / "example"))
 import data  # noqa: E402  (the example's offline data module)
 
 if __name__ == "__main__":

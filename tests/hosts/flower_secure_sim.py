@@ -31,8 +31,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
-from fedbalance_benchmarks.flower_app import ACTORS_ENV, backend_config, client_app, server_app
-from fedbalance_benchmarks.flower_app.task import CLIENT_KEYS, model_of
+from fl_adapters.flower.app import ACTORS_ENV, backend_config, client_app, server_app
+from fl_adapters.flower.app.task import CLIENT_KEYS, model_of
 from fl_adapters.flower.payload import to_array_record, to_state_dict
 from fl_adapters.flower.secure import SCALE_KEY, SecAggPlusStrategy, secagg_mod
 from fl_adapters.flower.strategy import FedBalanceStrategy

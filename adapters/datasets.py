@@ -8,7 +8,7 @@
   ``$FEDBALANCE_DATA``; downloaded only when the caller asks (``download=True``).
 * ``npy:PATH`` — arrays a user brings (read without pickle): a ``.npy`` labels array, which
   partitions, or an ``.npz`` archive of images and labels, which also trains
-  (:mod:`fedbalance_benchmarks.user_data`).
+  (:mod:`fl_adapters.user_data`).
 
 A missing dataset raises :class:`DatasetUnavailable`, saying where it was looked for and how to
 get it. Nothing here downloads unless asked.
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from fedbalance_benchmarks import user_data
+from fl_adapters import user_data
 from fl_checks import FedbalanceError, ParameterError
 
 DATASETS = ("fmnist", "digits", "cifar10", "svhn", "emnist")
@@ -42,7 +42,7 @@ class DatasetUnavailable(FedbalanceError, FileNotFoundError):
 
 
 @dataclass(frozen=True)
-class ArrayDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class ArrayDataset(torch.utils.data.Dataset):
     """Images and labels held in memory as tensors; ``x`` float (N, C, H, W), ``y`` int64.
 
     ``pixel_scale``: tensor units per pixel unit (``1 / std`` of the normalisation), so that
@@ -166,7 +166,7 @@ def load_torchvision(
     train: bool = True,
     data_dir: str | os.PathLike[str] | None = None,
     download: bool = False,
-) -> torch.utils.data.Dataset:  # type: ignore[type-arg]
+) -> torch.utils.data.Dataset:
     """CIFAR-10, SVHN or EMNIST (balanced split, 47 classes) through torchvision."""
     try:
         import torchvision
@@ -197,11 +197,11 @@ def load_torchvision(
             f"{name} not found under {root} ({e}). Run once with download enabled on a machine "
             f"with internet (`--download`), or copy torchvision's {name} files into --data-dir."
         ) from e
-    ds.pixel_scale = 2.0  # type: ignore[attr-defined]  # Normalize((0.5,), (0.5,))
+    ds.pixel_scale = 2.0  # Normalize((0.5,), (0.5,))
     return ds
 
 
-def dataset_targets(ds: torch.utils.data.Dataset) -> NDArray[np.int64]:  # type: ignore[type-arg]
+def dataset_targets(ds: torch.utils.data.Dataset) -> NDArray[np.int64]:
     """Labels of a dataset without reading its images."""
     for attr in ("targets", "labels"):
         if hasattr(ds, attr):
@@ -229,7 +229,7 @@ def load_dataset(
     train: bool = True,
     data_dir: str | os.PathLike[str] | None = None,
     download: bool = False,
-) -> torch.utils.data.Dataset:  # type: ignore[type-arg]
+) -> torch.utils.data.Dataset:
     """A training or test dataset by name (see the module docstring); cached per process.
 
     The benchmarks run many experiments in one worker process; decoding Fashion-MNIST anew
@@ -260,7 +260,7 @@ def image_spec(name: str, data_dir: str | os.PathLike[str] | None = None) -> tup
     model is built for, the same in every process and host of a run."""
     if name in IMAGE_SPECS:
         return IMAGE_SPECS[name]
-    train = load_dataset(name, train=True, data_dir=data_dir)
+    train = load_dataset(name, train=True, data_dir=None if data_dir is None else str(data_dir))
     x = train.x  # type: ignore[attr-defined]
     return int(x.shape[1]), int(x.shape[-1]), int(train.y.max()) + 1  # type: ignore[attr-defined]
 

@@ -1,7 +1,7 @@
 """fedbalance's Flower app: ServerApp and ClientApp on fedbalance's strategy and client helper.
 
 ``pyproject.toml`` beside this file makes the folder a Flower app (``flwr run
-benchmarks/flower_app ...``); its components are this installed package's modules, so they
+adapters/flower/app ...``); its components are this installed package's modules, so they
 import fedbalance like any user's app would. Needs Flower's environment (``fedbalance[flower,
 bench]``).
 """
@@ -10,16 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-#: How the simulation's engine finds the messages for its virtual nodes (``simulate``):
-#: ``index`` (fedbalance's, one scan of the stored messages a pass, the default) or ``flower``
-#: (Flower's, one query per node). Here, not in ``simulate``: read without flwr installed.
-POLLING_ENV, POLLING = "FEDBALANCE_FLOWER_POLLING", ("index", "flower")
+from fl_adapters.hosts import ACTORS_ENV, MAX_ACTORS, POLLING, POLLING_ENV
 
-#: How many ClientApp actors the simulation keeps: unset, Flower's default (one per CPU core Ray
-#: finds, each client asking for one); ``N``, exactly ``N`` whatever the machine. Each actor is
-#: a process that imports torch and the app and loads the data: on 2 cores a 2-node, 2-round
-#: digits run took 33.8 CPU-s (23.5 s) with two actors and 20.6 CPU-s (20.6 s) with one.
-ACTORS_ENV, MAX_ACTORS = "FEDBALANCE_FLOWER_ACTORS", 1024
+__all__ = ["ACTORS_ENV", "MAX_ACTORS", "POLLING", "POLLING_ENV", "backend_config"]
 
 
 def backend_config(actors: str | None) -> dict[str, Any]:

@@ -95,9 +95,9 @@ def model_for(
     name: str, dataset: str, data_dir: str | None = None, *, seed: int | None = None
 ) -> nn.Module:
     """Model ``name`` shaped for ``dataset``'s images and classes (see
-    :func:`~fedbalance_benchmarks.datasets.image_spec`), initialised from
+    :func:`~fl_adapters.datasets.image_spec`), initialised from
     ``torch.manual_seed(seed)`` when a seed is given: the same weights in every process."""
-    from fedbalance_benchmarks.datasets import image_spec
+    from fl_adapters.datasets import image_spec
 
     channels, size, classes = image_spec(dataset, data_dir)
     if seed is not None:

@@ -4,7 +4,7 @@
 ``[tool.flwr.app.config]`` with ``--run-config`` overrides using Flower's own functions (as
 ``flwr run`` does) and gives the result to the ServerApp::
 
-    python -m fedbalance_benchmarks.flower_app.simulate --num-supernodes 2 \\
+    python -m fl_adapters.flower.app.simulate --num-supernodes 2 \\
         --run-config "aggregator='fedloss' num-server-rounds=2 out-dir='/tmp/sim'"
 
 ``flwr run APP local-simulation`` would start a detached local SuperLink that outlives the
@@ -29,7 +29,7 @@ from flwr.common.config import get_fused_config_from_dir, parse_config_args
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
-from fedbalance_benchmarks.flower_app import (
+from fl_adapters.flower.app import (
     ACTORS_ENV,
     POLLING,
     POLLING_ENV,

@@ -57,7 +57,7 @@ def _memory_cap() -> int:
         return 8 << 30
 
 
-def _header(fh: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype]:  # type: ignore[type-arg]
+def _header(fh: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype]:
     try:
         version = np.lib.format.read_magic(fh)
         if version == (1, 0):
@@ -71,7 +71,7 @@ def _header(fh: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype]:  # t
     return tuple(int(s) for s in shape), dtype
 
 
-def _claimed_bytes(shape: tuple[int, ...], dtype: np.dtype, where: str, room: int) -> int:  # type: ignore[type-arg]
+def _claimed_bytes(shape: tuple[int, ...], dtype: np.dtype, where: str, room: int) -> int:
     """The bytes the header claims, checked against the member's own size and against the
     memory loading it takes: the array and, for images, their float32 copy (an 8-bit archive
     of 3 GB is 15 GB once read), so an archive that inflates past this machine is refused
@@ -106,7 +106,7 @@ def _check_member(info: zipfile.ZipInfo, where: str) -> None:
         )
 
 
-def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, NDArray]:  # type: ignore[type-arg]
+def _read_npz(path: Path, keys: tuple[str, ...]) -> dict[str, NDArray]:
     """The arrays ``keys`` of archive ``path`` (absent keys are left out), headers checked
     against the archive's members before any data is read."""
     try:
@@ -146,7 +146,7 @@ def read_labels_npy(path: Path) -> NDArray[np.int64]:
     return check_labels(np.array(labels), str(path))
 
 
-def check_labels(y: NDArray, where: str) -> NDArray[np.int64]:  # type: ignore[type-arg]
+def check_labels(y: NDArray, where: str) -> NDArray[np.int64]:
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise UserDataError(
             f"{where}: labels must be a 1-D integer array, got shape {y.shape} dtype {y.dtype}"
@@ -162,7 +162,7 @@ def check_labels(y: NDArray, where: str) -> NDArray[np.int64]:  # type: ignore[t
     return y.astype(np.int64)
 
 
-def _check_images(x: NDArray, n: int, where: str) -> NDArray:  # type: ignore[type-arg]
+def _check_images(x: NDArray, n: int, where: str) -> NDArray:
     given = x.shape
     if x.ndim == 3:
         x = x[:, None]
@@ -190,7 +190,7 @@ def _check_images(x: NDArray, n: int, where: str) -> NDArray:  # type: ignore[ty
     return x
 
 
-def _standardised(x: NDArray) -> tuple[torch.Tensor, float, float]:  # type: ignore[type-arg]
+def _standardised(x: NDArray) -> tuple[torch.Tensor, float, float]:
     """``x`` as float32 (8-bit images scaled to [0, 1]), its mean and std (n - 1) in float64.
 
     The statistics are summed in float64 a block of images at a time, so reading an archive

@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result
 
-from fedbalance_benchmarks.flower_app.task import CLIENT_KEYS, model_of, run_config_of
+from fl_adapters.flower.app.task import CLIENT_KEYS, model_of, run_config_of
 from fl_adapters.flower.payload import to_array_record, to_state_dict
 from fl_adapters.flower.privacy import wrap_from_run_config
 from fl_adapters.flower.strategy import FedBalanceStrategy, strategy_from_run_config

@@ -8,8 +8,8 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedbalance_benchmarks.flower_app.task import client_data, model_of, train_fn
 from fl_adapters.astraea import dataset_tensors
+from fl_adapters.flower.app.task import client_data, model_of, train_fn
 from fl_adapters.flower.astraea import astraea_query_reply, astraea_train_reply
 from fl_adapters.flower.trainer import evaluate_reply, partition_id
 from fl_checks import ParameterError

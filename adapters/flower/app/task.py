@@ -66,7 +66,7 @@ def run_config_of(config: Mapping[str, Any]) -> RunConfig:
 
 def model_of(config: Mapping[str, Any]) -> nn.Module:
     """The run's model, shaped for its dataset's images and classes."""
-    from fedbalance_benchmarks.models import model_for
+    from fl_adapters.models import model_for
 
     return model_for(
         str(config["model"]), str(config["dataset"]), str(config.get("data-dir", "")) or None

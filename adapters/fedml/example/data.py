@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from fedbalance_benchmarks.datasets import dataset_targets, image_spec, load_dataset
-from fedbalance_benchmarks.models import model_for
+from fl_adapters.datasets import dataset_targets, image_spec, load_dataset
+from fl_adapters.models import model_for
 from fl_partitions import make_partitioner
 from fl_partitions.transforms import NoisyDataset
 
@@ -40,7 +40,7 @@ def load(args: Any) -> tuple[list[Any], int]:
                 : int(max_samples)
             ]
         )
-        train = torch.utils.data.Subset(train, keep.tolist())  # type: ignore[assignment]
+        train = torch.utils.data.Subset(train, keep.tolist())
         labels = labels[keep]
         base = TensorDataset(*_stack(train))
     else:
@@ -66,16 +66,16 @@ def load(args: Any) -> tuple[list[Any], int]:
         train_dict[c] = DataLoader(_tensors(views["train"]), batch_size=bs, shuffle=True)
         test_dict[c] = DataLoader(_tensors(views["test"]), batch_size=bs, shuffle=False)
         num_dict[c] = len(part.splits[c]["train"])
-    train_global = DataLoader(
+    train_global: DataLoader[Any] = DataLoader(
         torch.utils.data.ConcatDataset([d.dataset for d in train_dict.values()]), batch_size=bs
     )
-    test_global = DataLoader(
+    test_global: DataLoader[Any] = DataLoader(
         torch.utils.data.ConcatDataset([d.dataset for d in test_dict.values()]), batch_size=bs
     )
     num_classes = image_spec(name, _data_dir(args))[2]
     dataset = [
         sum(num_dict.values()),
-        len(test_global.dataset),
+        sum(len(part.splits[c]["test"]) for c in range(part.num_clients)),
         train_global,
         test_global,
         num_dict,

@@ -7,11 +7,11 @@ to scikit-learn's bundled digits (saying so) when Fashion-MNIST is not installed
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
 from fl_adapters.registry import get_registry
@@ -38,9 +38,13 @@ def run_demo(out_dir: Path, clients: int, seed: int, data_dir: str | None, train
 
 
 def partition_demo(out_dir: Path, clients: int, seed: int, data_dir: str | None) -> None:
-    from fedbalance_benchmarks.datasets import dataset_targets, fmnist_available, load_dataset
     from fedbalance_benchmarks.thesis import SCENARIOS
-    from fl_partitions.plots import plot_class_bars, plot_heatmap  # matplotlib on first use
+    from fl_adapters.datasets import dataset_targets, fmnist_available, load_dataset
+    from fl_partitions.plots import (  # matplotlib on first use
+        plot_class_bars,
+        plot_heatmap,
+        plot_partition_noise,
+    )
 
     dataset = "fmnist" if fmnist_available(data_dir) else "digits"
     if dataset == "digits":
@@ -61,7 +65,7 @@ def partition_demo(out_dir: Path, clients: int, seed: int, data_dir: str | None)
         plot_class_bars(partition, out_dir / f"{scenario}_bars.png", title=f"{dataset}: {scenario}")
         plot_heatmap(partition, out_dir / f"{scenario}_heatmap.png", title=f"{dataset}: {scenario}")
         if partition.noise_std.any():
-            noise_grid(partition, train, out_dir / f"{scenario}_noise.png")
+            plot_partition_noise(partition, train, out_dir / f"{scenario}_noise.png")
     table = markdown_table(PARTITION_HEADER, rows)
     print(
         f"Partitions of {dataset} ({len(labels)} training samples) into {clients} clients, seed {seed}:\n"
@@ -76,17 +80,13 @@ def partition_demo(out_dir: Path, clients: int, seed: int, data_dir: str | None)
     print(f"\nwrote tables and plots to {out_dir}/")
 
 
-def noise_grid(partition: Any, train: Any, path: Path) -> Path:
-    """A few of client 0's images under the noise of five clients from first to last, in
-    pixel units as the runs add it (``train``: the dataset the partition indexes)."""
-    from fl_partitions.plots import plot_noise_grid
-
-    clients = partition.num_clients
-    cols = sorted({0, clients // 4, clients // 2, (3 * clients) // 4, clients - 1})
-    return plot_noise_grid(
-        [train[int(i)][0] for i in partition.client_indices[0][:4]],
-        [float(partition.noise_std[c]) for c in cols],
-        path,
-        seed=partition.seed,
-        pixel_scale=float(getattr(train, "pixel_scale", 1.0)),
-    )
+def main(argv: list[str]) -> int:
+    """``fedbalance demo`` (and ``fedbalance bench demo``)."""
+    parser = argparse.ArgumentParser(prog="fedbalance demo")
+    parser.add_argument("--out", default="runs/demo")
+    parser.add_argument("--clients", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir")
+    parser.add_argument("--no-train", action="store_true")
+    args = parser.parse_args(argv)
+    return run_demo(Path(args.out), args.clients, args.seed, args.data_dir, not args.no_train)
