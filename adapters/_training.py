@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from fl_adapters.client_metrics import Evaluation
 from fl_checks import ParameterError
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
@@ -215,7 +216,7 @@ def evaluate(
     batch_size: int = 1024,
     *,
     keys: tuple[str, str] | None = None,
-) -> tuple[float, float, int]:
+) -> Evaluation:
     """Mean cross-entropy loss, accuracy and sample count of ``model`` over ``datasets``.
 
     A dataset or ``DataLoader`` (of pairs or dicts, see :func:`batches`), or a list of them
@@ -234,5 +235,5 @@ def evaluate(
             correct += int((out.argmax(dim=1) == y).sum())
             n += len(y)
     if n == 0:
-        return float("nan"), float("nan"), 0
-    return loss_sum / n, correct / n, n
+        return Evaluation(float("nan"), float("nan"), 0)
+    return Evaluation(loss_sum / n, correct / n, n)

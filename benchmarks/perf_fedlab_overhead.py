@@ -26,15 +26,15 @@ def run(
 ) -> dict[str, Any]:
     from fedlab.contrib.algorithm.basic_server import SyncServerHandler
 
-    from fedbalance_benchmarks.models import ThesisCNN
     from fl_adapters.config import RunConfig
     from fl_adapters.fedlab.handler import FedBalanceServerHandler
     from fl_adapters.fedlab.payload import encode
     from fl_adapters.fedlab.runner import run_standalone
+    from fl_adapters.models import ThesisCNN
 
     torch.manual_seed(0)
     n_params = sum(p.numel() for p in ThesisCNN().parameters())
-    buffer = [encode(torch.randn(n_params), c, 1400 + 10 * c, 0.3 + 0.1 * c) for c in range(5)]
+    buffer = [encode(torch.randn(n_params), c, 1400 + 10 * c, {"val_loss": 0.3 + 0.1 * c}) for c in range(5)]
     stock = SyncServerHandler(ThesisCNN(), global_round=10**9, sample_ratio=1.0)
     ours = {
         name: FedBalanceServerHandler(ThesisCNN(), 10**9, 1.0, aggregator=name)

@@ -36,8 +36,8 @@ def replies(clients: int, seed: int = 0) -> tuple[Any, list[Any]]:
     from flwr.app import ConfigRecord, Message, MessageType, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from fedbalance_benchmarks.models import ThesisCNN
     from fl_adapters.flower.payload import make_reply, to_array_record
+    from fl_adapters.models import ThesisCNN
 
     # Flower builds messages only inside a run: the ids a ServerApp process has.
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
@@ -55,13 +55,13 @@ def replies(clients: int, seed: int = 0) -> tuple[Any, list[Any]]:
             message_type=MessageType.TRAIN,
         )
         loss = float(torch.rand(1, generator=gen)) + 0.5
-        out.append(make_reply(msg, state, 100 + 10 * c, loss, c))
+        out.append(make_reply(msg, state, 100 + 10 * c, {"val_loss": loss}, c))
     return arrays, out
 
 
 def round_seconds(clients: int, rounds: int, local_epochs: int) -> float:
     """Seconds per round of the bundled app in Flower's simulation engine (from its log)."""
-    argv = [sys.executable, "-m", "fedbalance_benchmarks.flower_app.simulate"]
+    argv = [sys.executable, "-m", "fl_adapters.flower.app.simulate"]
     argv += ["--num-supernodes", str(clients), "--run-config"]
     argv += [
         f"num-server-rounds={rounds} num-partitions={clients} local-epochs={local_epochs} "

@@ -307,7 +307,7 @@ def test_partitioned_dataset_gives_noisy_splits() -> None:
 
 
 def test_payload_round_trip_and_stock_uplink() -> None:
-    up = decode(encode(torch.ones(3), 5, 120, 0.25))
+    up = decode(encode(torch.ones(3), 5, 120, {"val_loss": 0.25}))
     assert (up.client_id, up.num_samples, up.metrics) == (5, 120, {"val_loss": 0.25})
     assert torch.equal(up.params, torch.ones(3))
     assert decode(encode(torch.ones(3), 5, 120)).metrics == {}
@@ -322,7 +322,7 @@ def test_handler_rejects_a_poisoned_client_and_keeps_going(tmp_path: Path, monke
     h = FedBalanceServerHandler(model, global_round=1, sample_ratio=1.0, aggregator="fedloss")
     good = torch.full_like(h.model_parameters, 0.5)
     bad = torch.full_like(h.model_parameters, float("nan"))
-    h.global_update([encode(good, 0, 10, 1.0), encode(bad, 1, 10, 1e9)])
+    h.global_update([encode(good, 0, 10, {"val_loss": 1.0}), encode(bad, 1, 10, {"val_loss": 1e9})])
     assert torch.equal(h.model_parameters, good)
     assert h.last_result is not None and [r.client for r in h.last_result.rejected] == [1]
 

@@ -1,6 +1,6 @@
 """The FedML adapter against real FedML 0.9.6: sp simulation, MPI simulation, MPI cross-silo.
 
-The host is ``benchmarks/fedml_example/main.py``, written as FedML's examples are, with no
+The host is ``adapters/fedml/example/main.py``, written as FedML's examples are, with no
 fedbalance import; only its YAML changes.
 """
 
@@ -28,7 +28,7 @@ from fl_checks import ParameterError
 
 pytest.importorskip("fedml")
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "benchmarks" / "fedml_example"
+EXAMPLE = Path(__file__).resolve().parents[1] / "adapters" / "fedml" / "example"
 HOSTS = Path(__file__).resolve().parent / "hosts"
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
 needs_mpi = pytest.mark.skipif(
@@ -171,15 +171,14 @@ def test_a_typo_stops_the_run_before_training(tmp_path: Path) -> None:
 def test_payload_keys_survive_and_are_stripped() -> None:
     import torch
 
-    from fl_adapters.fedml.payload import KEY_LOSS, attach, decode, strip
+    from fl_adapters.fedml.payload import attach, decode, metric_key, strip
 
     params = {"w": torch.ones(2), "n": torch.tensor(3)}
-    sent = attach(params, client=7, val_loss=0.25)
-    assert (
-        list(sent)[:2] == ["w", "n"] and float(sent[KEY_LOSS]) == 0.25 and sent[KEY_LOSS].dim() == 0
-    )
-    clean, client, loss = strip(sent)
-    assert list(clean) == ["w", "n"] and client == 7 and loss == 0.25
+    sent = attach(params, client=7, metrics={"val_loss": 0.25})
+    key = metric_key("val_loss")
+    assert list(sent)[:2] == ["w", "n"] and float(sent[key]) == 0.25 and sent[key].dim() == 0
+    clean, client, metrics = strip(sent)
+    assert list(clean) == ["w", "n"] and client == 7 and metrics == {"val_loss": 0.25}
     torch.nn.Module().load_state_dict({}, strict=True)  # the clean dict has no reserved key left
     assert all(not k.startswith("__fedbalance") for k in clean)
     up = decode(torch.tensor(12), sent, "#0")  # FedML's (sample_num, params) entry

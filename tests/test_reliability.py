@@ -110,7 +110,7 @@ def test_stock_fedlab_astraea_holds_a_sample_count_liar_to_its_mediators_data(
     model = torch.nn.Linear(2, 1)
     handler = SyncServerHandler(model, global_round=1, sample_ratio=1.0)
     params = handler.model_parameters
-    buffer = [encode(params, 0, 8, None), encode(params, 1, 10**6, None)]
+    buffer = [encode(params, 0, 8), encode(params, 1, 10**6)]
     with caplog.at_level("WARNING", logger="fl_adapters.astraea"):
         arming.global_update(handler, buffer)
     assert [int(payload[1][1]) for payload in buffer] == [8, 5]

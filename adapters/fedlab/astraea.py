@@ -152,7 +152,7 @@ def _relay_loop(
             if nxt is not None:
                 send(nxt, payload[0])
         for m, (params, n) in enumerate(relay.results()):
-            handler.load(encode(params, m, n, None))
+            handler.load(encode(params, m, n))
 
 
 def client_labels(data: PartitionedDataset) -> list[torch.Tensor]:
@@ -243,7 +243,7 @@ def bound_counts(
         if claimed is not None:
             n = planner.bound_samples(mediators[m], claimed)
             if n != claimed:
-                payload[1] = pack_meta(m, n, None)
+                payload[1] = pack_meta(m, n)
 
 
 class RebalancedData:
@@ -322,7 +322,7 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
                 return package[0], int(package[1][1])
 
             result = run_mediator(members, params, train_one, self.mediator_epochs)
-            self.cache.append(encode(result.params, m, result.num_samples, None))
+            self.cache.append(encode(result.params, m, result.num_samples))
 
     def train_hop(
         self, params: torch.Tensor, mediator: int, clients: list[int], id_list: list[int]
@@ -336,7 +336,7 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
             self.trace.append((-1, mediator, client))
             package = self.train(client, params, self.rebalanced)  # as standalone
             params, n = package[0], n + int(package[1][1])
-        self.cache.append(encode(params, mediator, n, None))
+        self.cache.append(encode(params, mediator, n))
 
 
 def trainer_counts(trainer: Any, num_classes: int = 0) -> np.ndarray:

@@ -4,7 +4,7 @@
 What :func:`arm` patches when FedLab is imported, and how to turn it off, is in
 ``docs/hosts/fedlab.md`` (item 1): the handler aggregates with one stateful aggregator instead
 of FedLab's unweighted ``fedavg_aggregate``, the trainers append ``[client_id, num_samples,
-val_loss]`` (the loss only when the aggregator needs it). With ``astraea`` the trainers train
+*metrics]`` (the client metrics the aggregator asks for, :mod:`fl_adapters.client_metrics`). With ``astraea`` the trainers train
 each mediator's chain on rebalanced data, ``SyncServerHandler.load`` waits for one package per
 mediator, and over ``DistNetwork`` the managers exchange label counts once and relay the chains
 (``docs/astraea.md``, FedLab rows).
@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 from fl_adapters._training import evaluate, stream_seed
 from fl_adapters.astraea import AstraeaPlanner, RebalancedCache, dataset_tensors, run_mediator
 from fl_adapters.autoload import FEDLAB_AGGREGATOR_ENV, PATCHES
+from fl_adapters.client_metrics import measure, requested
 from fl_adapters.fedlab.payload import encode, pack_meta
 from fl_adapters.inputs import brief, load_json
 from fl_adapters.registry import get_registry
@@ -136,7 +137,7 @@ class FedLabArming:
         cls = self.registry.aggregator(name)
         self.registry.make_aggregator(name, **args)
         self.name, self.args = name, args
-        self.need_val = "val_loss" in getattr(cls, "required_metrics", ())
+        self.metrics = requested(cls)
         self.mediated = bool(getattr(cls, "mediated", False))
         self.planner: Any = None  # fl_adapters.astraea.AstraeaPlanner, once the counts are in
         self.mediators: list[list[int]] | None = None
@@ -198,7 +199,7 @@ class FedLabArming:
                 trainer.train(params, loader)
                 params = trainer.model_parameters
             n += len(data)
-        return encode(params, mediator, n, None)
+        return encode(params, mediator, n)
 
     def astraea_local_process(
         self, trainer: Any, payload: list[torch.Tensor], id_list: list[int]
@@ -226,15 +227,15 @@ class FedLabArming:
             result = run_mediator(
                 members, payload[0], train_one, planner.aggregator.mediator_epochs
             )
-            trainer.cache.append(encode(result.params, m, result.num_samples, None))
+            trainer.cache.append(encode(result.params, m, result.num_samples))
 
     def train_one(self, trainer: Any, params: torch.Tensor, client: int) -> list[torch.Tensor]:
         train, val = train_val(trainer.dataset, client)
         loader = DataLoader(train, batch_size=trainer.batch_size, shuffle=True)
         pack = trainer.train(params, loader)
         pack = list(pack) if pack is not None else [trainer.model_parameters]
-        val_loss = evaluate(trainer._model, val)[0] if self.need_val and len(val) else None
-        return [*pack, pack_meta(client, len(train), val_loss)]
+        metrics = measure(self.metrics, lambda: evaluate(trainer._model, val), client)
+        return [*pack, pack_meta(client, len(train), metrics)]
 
     def serial_local_process(
         self, trainer: Any, payload: list[torch.Tensor], id_list: list[int]

@@ -29,6 +29,7 @@ from fl_adapters.checkpoint import (
     restore_sampler,
     sampler_state,
 )
+from fl_adapters.client_metrics import requested
 from fl_adapters.config import RunConfig
 from fl_adapters.experiment import is_mediated, json_line, metric_prefix, run_summary, training_data
 from fl_adapters.fedlab.astraea import (
@@ -70,8 +71,8 @@ def build(config: RunConfig) -> Experiment:
     The model is initialised from ``torch.manual_seed(config.seed)``, so the server and every
     client process start from the same weights.
     """
-    from fedbalance_benchmarks.datasets import image_spec
-    from fedbalance_benchmarks.models import model_for
+    from fl_adapters.datasets import image_spec
+    from fl_adapters.models import model_for
 
     aggregator_cls = get_registry().aggregator(config.aggregator)
     train, _, partition = training_data(config)
@@ -83,7 +84,7 @@ def build(config: RunConfig) -> Experiment:
         optimizer=config.optimizer,
         lr=config.lr,
         seed=config.seed,
-        need_val_loss="val_loss" in getattr(aggregator_cls, "required_metrics", ()),
+        metrics=requested(aggregator_cls),
     )
     return Experiment(config, PartitionedDataset(train, partition), model, local, num_classes)
 
@@ -110,7 +111,7 @@ class MetricsWriter:
         #: clients' splits are read when they evaluate (:meth:`evaluation_data`).
         self.test: list[Any] | None = None
         if exp.config.eval_data == "test":
-            from fedbalance_benchmarks.datasets import load_dataset
+            from fl_adapters.datasets import load_dataset
 
             cfg = exp.config
             self.test = [load_dataset(cfg.dataset, train=False, data_dir=cfg.data_dir)]

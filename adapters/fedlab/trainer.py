@@ -2,7 +2,7 @@
 
 Both trainers hold out each client's validation split (from the partition's local split,
 70/10/20 by default), train with a fresh optimizer on the train split, measure the validation
-loss when the aggregator needs it, and upload ``[params, meta]`` (see :mod:`.payload`).
+metrics the aggregator asks for, and upload ``[params, meta]`` (see :mod:`.payload`).
 The data order of client ``c``'s ``k``-th participation is seeded by ``(seed, c, k)``, so a
 client trains identically whether it runs in the standalone pipeline or its own process.
 """
@@ -19,6 +19,7 @@ from fedlab.core.client.trainer import ClientTrainer, SerialClientTrainer
 from fedlab.utils import SerializationTool
 
 from fl_adapters._training import evaluate, local_train, stream_seed, training_clock
+from fl_adapters.client_metrics import measure
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.payload import encode
 
@@ -34,7 +35,8 @@ class LocalConfig:
     optimizer: str = "adam"
     lr: float = 1e-3
     seed: int = 0
-    need_val_loss: bool = True
+    #: The client metrics the aggregator asks for (:mod:`fl_adapters.client_metrics`).
+    metrics: tuple[str, ...] = ("val_loss",)
 
 
 def train_client(
@@ -57,13 +59,8 @@ def train_client(
             lr=cfg.lr,
             seed=stream_seed("fedlab-train", cfg.seed, client, participation),
         )
-    val_loss = None
-    if cfg.need_val_loss:
-        val_loss, _, n_val = evaluate(model, data.get_dataset(client, "val"))
-        if n_val == 0:
-            log.warning("client %s has an empty validation split; it reports no val_loss", client)
-            val_loss = None
-    return encode(SerializationTool.serialize_model(model), client, n, val_loss)
+    metrics = measure(cfg.metrics, lambda: evaluate(model, data.get_dataset(client, "val")), client)
+    return encode(SerializationTool.serialize_model(model), client, n, metrics)
 
 
 #: ``hook(client_id, downlink_params, package) -> package``: what a client really sends.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
 from collections import OrderedDict
@@ -19,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from fl_adapters import client_metrics
 from fl_adapters._training import evaluate, stream_seed, training_clock
 from fl_adapters.astraea import RebalancedCache
 from fl_adapters.checkpoint import Checkpoint, CheckpointError
+from fl_adapters.client_metrics import measure, requested, splits
 from fl_adapters.config import check_eval_keys
 from fl_adapters.fedml import checkpoint
 from fl_adapters.fedml.field import check_field
@@ -82,7 +85,7 @@ class RunState:
     key: tuple[str, str, str]  #: (host, aggregator name, its arguments): a new one starts afresh
     host: str
     aggregator: Aggregator
-    need_val: bool  #: clients hold out a validation split and report ``val_loss``
+    metrics: tuple[str, ...]  #: the client metrics the aggregator asks for
     val_fraction: float
     seed: int
     # sp simulation
@@ -192,38 +195,45 @@ def split_train_val(data: Any, client: int, seed: int, fraction: float) -> tuple
     return batches[: len(batches) - n_val], batches[len(batches) - n_val :]
 
 
-def validation_loss(model_trainer: Any, val: Any, device: Any, args: Any) -> float | None:
-    """Mean loss of the trainer's model on ``val`` (the trainer's ``test`` when it reports it)."""
+def validation(
+    model_trainer: Any, val: Any, device: Any, args: Any
+) -> client_metrics.Evaluation | None:
+    """The trainer's model on ``val`` (the trainer's own ``test`` when it reports its loss and
+    count; ``None`` for an empty ``val``)."""
     if not val or (isinstance(val, DataLoader) and len(val.dataset) == 0):  # type: ignore[arg-type]
         return None
     try:
         metrics = model_trainer.test(val, device, args)
         if isinstance(metrics, dict) and metrics.get("test_total"):
-            return float(metrics["test_loss"]) / float(metrics["test_total"])
+            n = float(metrics["test_total"])
+            correct = float(metrics.get("test_correct", math.nan))
+            return client_metrics.Evaluation(float(metrics["test_loss"]) / n, correct / n, int(n))
     except (NotImplementedError, TypeError, AttributeError):
         pass
     if isinstance(val, DataLoader):
-        return evaluate(model_trainer.model, val.dataset)[0]
+        return evaluate(model_trainer.model, val.dataset)
     xs = torch.cat([x for x, _ in val])
     ys = torch.cat([y for _, y in val])
-    return evaluate(model_trainer.model, torch.utils.data.TensorDataset(xs, ys))[0]
+    return evaluate(model_trainer.model, torch.utils.data.TensorDataset(xs, ys))
 
 
 def train_with_validation(
     model_trainer: Any, w_global: Any, data: Any, client: int, device: Any, args: Any
 ) -> OrderedDict[str, Any]:
-    """Host trainer's ``train`` on the train part, then the validation loss, into the payload."""
+    """Host trainer's ``train`` on the train part, then the client metrics the aggregator asks
+    for (on the validation part), into the payload."""
     run = current()
+    need_val = "val" in splits(run.metrics)
     train, val = (
-        split_train_val(data, client, run.seed, run.val_fraction) if run.need_val else (data, None)
+        split_train_val(data, client, run.seed, run.val_fraction) if need_val else (data, None)
     )
     if w_global is not None:
         model_trainer.set_model_params(w_global)
     with training_clock(client):
         model_trainer.train(train, device, args)
     weights = model_trainer.get_model_params()
-    loss = validation_loss(model_trainer, val, device, args) if run.need_val else None
-    return attach(weights, client, loss)
+    metrics = measure(run.metrics, lambda: validation(model_trainer, val, device, args), client)
+    return attach(weights, client, metrics)
 
 
 def aggregate(model_list: list[tuple[Any, Any]], global_params: Any) -> OrderedDict[str, Any]:
@@ -276,7 +286,7 @@ def state_for(args: Any, host: str) -> RunState | None:
             key=key,
             host=host,
             aggregator=agg,
-            need_val="val_loss" in getattr(agg, "required_metrics", ()),
+            metrics=requested(agg),
             val_fraction=float(getattr(args, "val_fraction", 0.1)),
             seed=int(getattr(args, "random_seed", 0) or 0),
         )

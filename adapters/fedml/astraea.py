@@ -144,7 +144,7 @@ def mediator_updates(
     )
     planner.annotate(aggregator, mediators, nbytes, 8 * len(planner.rad), models=models)
     return [
-        (planner.bound_samples(mediators[m], n), attach(params, m, None))
+        (planner.bound_samples(mediators[m], n), attach(params, m))
         for m, (params, n) in enumerate(results)
     ]
 

@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
+from fl_adapters.client_metrics import CLIENT_METRICS
 from fl_adapters.fedml.adapter import (
     SECURE_OPTIMIZER,
     clean_params,
@@ -46,12 +47,13 @@ from fl_checks import ParameterError, shown
 
 log = logging.getLogger(__name__)
 
-#: Client -> server: sample count, validation loss, update norm and client id, in clear.
+#: Client -> server: sample count, client metrics, update norm and client id, in clear.
 MSG_SCALARS = 101
 #: Server -> client: the factor ``N * w_i`` the client scales its model by before masking.
 MSG_SCALE = 102
 KEY_NUM_SAMPLES = "fedbalance_num_samples"
-KEY_VAL_LOSS = "fedbalance_val_loss"
+#: Each client metric (:mod:`fl_adapters.client_metrics`) under a key of its own.
+KEY_METRICS = {name: f"fedbalance_metric_{name}" for name in CLIENT_METRICS}
 KEY_CLIENT = "fedbalance_client"
 KEY_UPDATE_NORM = "fedbalance_update_norm"
 KEY_SCALE = "fedbalance_scale"
@@ -149,17 +151,16 @@ def _receive_scalars(self: Any, msg_params: Any) -> None:
             "already received" if sender in expected else "not a silo of this round",
         )
         return
-    self._fedbalance_scalars[sender] = tuple(
-        msg_params.get(k) for k in (KEY_NUM_SAMPLES, KEY_VAL_LOSS, KEY_UPDATE_NORM, KEY_CLIENT)
+    self._fedbalance_scalars[sender] = (
+        *(msg_params.get(k) for k in (KEY_NUM_SAMPLES, KEY_UPDATE_NORM, KEY_CLIENT)),
+        {name: msg_params.get(key) for name, key in KEY_METRICS.items()},
     )
     if not expected <= set(self._fedbalance_scalars):
         return
     scalars, self._fedbalance_scalars = sorted(self._fedbalance_scalars.items()), {}
     updates = []
-    for sender_rank, (n, loss, norm, client) in scalars:
-        metrics = {
-            k: kept(v) for k, v in (("val_loss", loss), (UPDATE_NORM, norm)) if v is not None
-        }
+    for sender_rank, (n, norm, client, reported) in scalars:
+        metrics = {k: kept(v) for k, v in (*reported.items(), (UPDATE_NORM, norm)) if v is not None}
         updates.append(
             ClientUpdate(
                 params=OrderedDict(),  # weigh() reads the scalars only
@@ -239,12 +240,13 @@ def client_train(self: Any, original: Any) -> Any:
         for k, v in clean_params(self.trainer.trainer.get_model_params()).items()
     )
     weights, num_samples = self.trainer.train(self.round_idx)
-    clean, client, loss = strip(weights)
+    clean, client, metrics = strip(weights)
     self._fedbalance_trained = (clean, num_samples)
     norm = update_norm([given[k] for k in clean], [v.detach().cpu() for v in clean.values()])
     msg = _message(MSG_SCALARS, self.get_sender_id(), 0)
     msg.add_params(KEY_NUM_SAMPLES, int(num_samples))
-    msg.add_params(KEY_VAL_LOSS, None if loss is None else float(loss))
+    for name, key in KEY_METRICS.items():
+        msg.add_params(key, metrics.get(name))
     msg.add_params(KEY_UPDATE_NORM, norm)
     msg.add_params(KEY_CLIENT, client)
     self.send_message(msg)

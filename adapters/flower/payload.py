@@ -2,7 +2,8 @@
 
 A train reply's content holds one ``ArrayRecord`` (the trained model, a torch state dict) and
 one ``MetricRecord`` with ``num-examples`` (Flower's own key for FedAvg's weight), the
-client's ``val_loss`` when it has a validation split, and ``client-id`` (the node's
+client metrics the strategy asked for under their names (:data:`CLIENT_METRICS_KEY`;
+``val_loss`` for FedLoss) when the client has a validation split, and ``client-id`` (the node's
 ``partition-id``, so the aggregation record names clients as FedLab and FedML do; Flower's
 node ids are random 64-bit numbers in the deployment engine).
 
@@ -32,7 +33,9 @@ from fl_aggregators import ClientUpdate
 log = logging.getLogger(__name__)
 
 NUM_EXAMPLES = "num-examples"
-VAL_LOSS = "val_loss"
+#: A train message's config key: the client metrics the strategy's aggregator reads, by name
+#: (:mod:`fl_adapters.client_metrics`). A message without it (a stock strategy's) gets all.
+CLIENT_METRICS_KEY = "client-metrics"
 CLIENT_ID = "client-id"
 ARRAYS = "arrays"
 METRICS = "metrics"
@@ -81,13 +84,12 @@ def make_reply(
     msg: Message,
     params: Mapping[str, torch.Tensor],
     num_examples: int,
-    val_loss: float | None,
+    client_metrics: Mapping[str, float] | None,
     client_id: int | None,
 ) -> Message:
     """The reply to train message ``msg``: the trained model and the metrics aggregators read."""
     metrics: dict[str, Any] = {NUM_EXAMPLES: int(num_examples)}
-    if val_loss is not None:
-        metrics[VAL_LOSS] = float(val_loss)
+    metrics.update({k: float(v) for k, v in (client_metrics or {}).items()})
     if client_id is not None:
         metrics[CLIENT_ID] = int(client_id)
     content = RecordDict({ARRAYS: to_array_record(params), METRICS: MetricRecord(metrics)})

@@ -31,12 +31,14 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from fl_adapters._training import evaluates
 from fl_adapters.checkpoint import NAME, Checkpoint, restore_sampler, sampler_state
+from fl_adapters.client_metrics import requested
 from fl_adapters.config import ConfigError
 from fl_adapters.flower import checkpoint, privacy
 from fl_adapters.flower.checkpoint import HOST
 from fl_adapters.flower.config import AGGREGATOR_KEY, ARGS_KEY, WHERE, parse_run_config
 from fl_adapters.flower.membership import member_updates
 from fl_adapters.flower.payload import (
+    CLIENT_METRICS_KEY,
     content_order,
     log_errors,
     reply_to_update,
@@ -243,6 +245,7 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
         if self.fraction_train == 0.0:
             return []
         nodes = self.sample(grid, self.fraction_train, self.min_train_nodes)
+        config[CLIENT_METRICS_KEY] = list(requested(self.aggregator))  # what train_reply sends
         return self._messages(server_round, arrays, config, nodes, MessageType.TRAIN)
 
     def wrapped_by(self, wrapper: Strategy) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -35,8 +35,16 @@ from fl_adapters._training import (
     stream_seed,
     training_clock,
 )
+from fl_adapters.client_metrics import CLIENT_METRICS, measure
 from fl_adapters.flower.config import SEED_KEY
-from fl_adapters.flower.payload import CLIENT_ID, METRICS, NUM_EXAMPLES, make_reply, to_state_dict
+from fl_adapters.flower.payload import (
+    CLIENT_ID,
+    CLIENT_METRICS_KEY,
+    METRICS,
+    NUM_EXAMPLES,
+    make_reply,
+    to_state_dict,
+)
 from fl_checks import ParameterError
 from fl_partitions.partition import DEFAULT_SPLIT, local_splits
 
@@ -138,7 +146,8 @@ def train_reply(
     -------
     Message
         The reply: the trained model and a ``MetricRecord`` with ``num-examples`` (samples, not
-        batches), ``val_loss`` (when the validation split is not empty) and ``client-id`` (the
+        batches), the client metrics the strategy asks for (``val_loss`` for FedLoss; when the
+        validation split is not empty) and ``client-id`` (the
         node's ``partition-id``).
 
     Raises
@@ -155,12 +164,29 @@ def train_reply(
         trained = train_fn(model, parts["train"])
     n = trained if isinstance(trained, int) and not isinstance(trained, bool) else None
     n = n if n is not None else num_samples(parts["train"])
-    val_loss = None
-    if val is not None and num_samples(val) > 0:
-        val_loss = evaluate(model, val, keys=keys)[0]
-    else:
-        log.warning("client %s has an empty validation split; it reports no val_loss", client)
-    return make_reply(msg, model.state_dict(), n, val_loss, client)
+    names = asked_metrics(msg)
+    metrics = measure(
+        names, lambda: evaluate(model, val, keys=keys) if val is not None else None, client
+    )
+    return make_reply(msg, model.state_dict(), n, metrics, client)
+
+
+def asked_metrics(msg: Message) -> tuple[str, ...]:
+    """The client metrics train message ``msg`` asks for (:data:`CLIENT_METRICS_KEY` in its
+    config): every one a client can compute when it does not say (a stock strategy's message);
+    a :class:`ParameterError` naming any this fedbalance cannot compute."""
+    for config in msg.content.config_records.values():
+        if CLIENT_METRICS_KEY in config:
+            names = config[CLIENT_METRICS_KEY]
+            names = [names] if isinstance(names, str) else list(cast(list[str], names))
+            unknown = [n for n in names if n not in CLIENT_METRICS]
+            if unknown:
+                raise ParameterError(
+                    f"the strategy asks for client metrics {unknown}, which this client cannot "
+                    f"compute: it knows {', '.join(CLIENT_METRICS)} (update fedbalance on it)"
+                )
+            return tuple(names)
+    return tuple(CLIENT_METRICS)
 
 
 def evaluate_reply(

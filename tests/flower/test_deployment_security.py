@@ -7,7 +7,7 @@ is authentication, not an unknown certificate):
 
 * a ``flower-supernode`` with a key of its own, and one with none, try to join;
 * ``flwr supernode register`` tries to register the intruder's key;
-* ``flwr run`` of another app (``benchmarks/flower_app``), without the run's token and with a
+* ``flwr run`` of another app (``adapters/flower/app``), without the run's token and with a
   guessed one, tries to start a run on the SuperLink;
 * a ``flower-superexec`` without the run's secret polls a member's Runtime API for its tasks.
 
@@ -46,7 +46,7 @@ from fl_aggregators import UPDATE_NORM
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "tests" / "hosts" / "flower_quickstart"
-OTHER_APP = ROOT / "benchmarks" / "flower_app"
+OTHER_APP = ROOT / "adapters" / "flower" / "app"
 BIN = Path(sys.executable).parent
 
 
@@ -259,7 +259,7 @@ def replies_from(nodes: list[tuple[int, int]]) -> tuple[dict[str, torch.Tensor],
     for node, client in nodes:
         msg = Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
         trained = {k: v + 0.01 * (client + 1) for k, v in state.items()}
-        replies.append(make_reply(msg, trained, 10, 1.0, client))
+        replies.append(make_reply(msg, trained, 10, {"val_loss": 1.0}, client))
     return state, replies
 
 

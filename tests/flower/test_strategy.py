@@ -53,7 +53,7 @@ def round_with(
     strategy.global_params = global_state  # what configure_train keeps from the global model
     msgs = train_messages(global_state, [100 + i for i in range(len(clients))])
     replies = [
-        make_reply(msg, params, n, loss, client)
+        make_reply(msg, params, n, None if loss is None else {"val_loss": loss}, client)
         for client, (msg, (params, n, loss)) in enumerate(zip(msgs, clients, strict=True))
     ]
     return strategy.aggregate_train(1, list(reversed(replies)))  # arrival order must not matter

@@ -38,7 +38,7 @@ def client_train(self: Any, original: Any) -> Any:
         send = self.send_message
 
         def send_bad(msg: Any) -> None:
-            msg.add_params(secure.KEY_VAL_LOSS, json.loads(bad))
+            msg.add_params(secure.KEY_METRICS["val_loss"], json.loads(bad))
             send(msg)
 
         self.send_message = send_bad  # this call's clear-phase message only
