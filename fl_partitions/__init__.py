@@ -7,21 +7,24 @@ from fl_partitions.feature_noise import FeatureNoise
 from fl_partitions.global_imbalance import GlobalImbalance, profile_proportions
 from fl_partitions.iid import IID
 from fl_partitions.label_dirichlet import LabelDirichlet
+from fl_partitions.label_noise import LabelNoise
 from fl_partitions.label_quantity import LabelQuantity
 from fl_partitions.mixed import Mixed
-from fl_partitions.partition import Partition, PartitionFileError
+from fl_partitions.partition import LabelFlips, Partition, PartitionFileError
 from fl_partitions.quantity_dirichlet import QuantityDirichlet
 
 __all__ = [
     "BUILTIN_PARTITIONERS",
-    "FedbalanceError",
-    "IID",
     "FeatureNoise",
+    "FedbalanceError",
     "GlobalImbalance",
+    "IID",
     "LabelDirichlet",
+    "LabelFlips",
+    "LabelNoise",
     "LabelQuantity",
-    "ParameterError",
     "Mixed",
+    "ParameterError",
     "Partition",
     "PartitionFileError",
     "Partitioner",

@@ -12,6 +12,7 @@ from fl_partitions.feature_noise import FeatureNoise
 from fl_partitions.global_imbalance import GlobalImbalance
 from fl_partitions.iid import IID
 from fl_partitions.label_dirichlet import LabelDirichlet
+from fl_partitions.label_noise import LabelNoise
 from fl_partitions.label_quantity import LabelQuantity
 from fl_partitions.mixed import Mixed
 from fl_partitions.quantity_dirichlet import QuantityDirichlet
@@ -22,6 +23,7 @@ BUILTIN_PARTITIONERS: tuple[type[Partitioner], ...] = (
     LabelQuantity,
     QuantityDirichlet,
     FeatureNoise,
+    LabelNoise,
     GlobalImbalance,
     Mixed,
 )

@@ -5,30 +5,41 @@ noise ``sigma = 0.1``; that is the default. Any composition of at most one compo
 kind (so at most three, none of them ``mixed``) works: a ``resample`` (``global_imbalance``)
 picks the samples, a ``split`` scheme (``iid``, ``label_dirichlet``, ``label_quantity``,
 ``quantity_dirichlet``; IID when absent) assigns them, a ``noise`` component
-(``feature_noise``) sets the per-client input noise.
+(``feature_noise``) sets the per-client input noise. Beside them, one ``label_noise`` (kind
+``relabel``: not a step of partitioning, it changes no sample and no owner) flips some
+clients' labels once the partition is built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fl_checks import ParameterError
 from fl_partitions._alloc import OwnerArray
+from fl_partitions._rng import SeedLike
 from fl_partitions.base import KINDS, IntArray, Partitioner, Resolve, resolver
 from fl_partitions.iid import IID
+from fl_partitions.label_noise import LabelNoise
+from fl_partitions.partition import DEFAULT_SPLIT, Partition
 
 THESIS_MIXED: tuple[dict[str, Any], ...] = (
     {"name": "label_dirichlet", "beta": 0.5},
     {"name": "feature_noise", "sigma": 0.1},
 )
+#: The kinds a component may have: the three steps of every partitioner, then label noise.
+COMPONENT_KINDS = (*KINDS, LabelNoise.kind)
+_TOO_MANY = (
+    f"components must list at most {len(KINDS)} partitioners (one of each kind: "
+    f"{', '.join(KINDS)}) and one label_noise"
+)
 
 
 class Mixed(Partitioner):
-    """Mixed skew: compose resample + split + noise components (default label+feature)."""
+    """Mixed skew: resample + split + noise (+ label noise) components; default label+feature."""
 
     name = "mixed"
     kind = "split"
@@ -47,11 +58,8 @@ class Mixed(Partitioner):
             raise ParameterError(
                 f"components must be a non-empty list of partitioner specs, got {components!r}"
             )
-        if len(components) > len(KINDS):
-            raise ParameterError(
-                f"components must list at most {len(KINDS)} partitioners (one of each kind: "
-                f"{', '.join(KINDS)}), got {len(components)}"
-            )
+        if len(components) > len(COMPONENT_KINDS):  # refused before anything is built
+            raise ParameterError(f"{_TOO_MANY}, got {len(components)}")
         if resolve is None:
             resolve = resolver()
         built = []
@@ -62,6 +70,8 @@ class Mixed(Partitioner):
             ):
                 raise ParameterError("components of mixed cannot themselves be mixed")
             built.append(c if isinstance(c, Partitioner) else resolve(c))
+        if sum(part.kind != LabelNoise.kind for part in built) > len(KINDS):
+            raise ParameterError(f"{_TOO_MANY}, got {len(components)}")
         by_kind: dict[str, Partitioner] = {}
         for part in built:
             if isinstance(part, Mixed):
@@ -74,6 +84,13 @@ class Mixed(Partitioner):
             if part.kind == "resample" and getattr(part, "then", None) is not None:
                 raise ParameterError(
                     f"inside mixed, give {part.name!r} no 'then': list the split scheme as its own component"
+                )
+            if part.kind not in COMPONENT_KINDS or (
+                part.kind == LabelNoise.kind and not isinstance(part, LabelNoise)
+            ):
+                raise ParameterError(
+                    f"mixed composes components of the kinds {', '.join(COMPONENT_KINDS)} "
+                    f"(a relabel one is label_noise); got {part.name!r} of kind {part.kind!r}"
                 )
             by_kind[part.kind] = part
         self.components = built
@@ -101,3 +118,19 @@ class Mixed(Partitioner):
     def noise_std(self, num_clients: int) -> NDArray[np.float64]:
         noise = self._by_kind.get("noise")
         return super().noise_std(num_clients) if noise is None else noise.noise_std(num_clients)
+
+    def partition(
+        self,
+        labels: NDArray[Any] | Sequence[int],
+        num_clients: int,
+        *,
+        seed: SeedLike = 0,
+        split: Sequence[float] = DEFAULT_SPLIT,
+        num_classes: int | None = None,
+    ) -> Partition:
+        """The composed partition (see :meth:`Partitioner.partition`), its label noise last."""
+        part = super().partition(
+            labels, num_clients, seed=seed, split=split, num_classes=num_classes
+        )
+        relabel = self._by_kind.get(LabelNoise.kind)
+        return part if relabel is None else cast(LabelNoise, relabel).relabel(labels, part)

@@ -3,6 +3,12 @@
 Saved as JSON (small partitions) or JSON plus an ``.npz`` of index arrays (large ones). Never
 pickle: ``.npz`` files are read with ``allow_pickle=False`` and every field is validated, so a
 tampered file gives a clear :class:`PartitionFileError` instead of arbitrary behaviour.
+
+A partition made with label noise (``label_noise``) also carries its flips as data: per noisy
+client, the flipped dataset indices and their new labels (:class:`LabelFlips`), written under
+the file's ``label_flips`` key, so every host reads the same wrong labels from the file instead
+of redrawing them. Files without that key (every file written before it existed) load as
+partitions without label noise.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from numpy.typing import NDArray
 
 from fl_checks import FedbalanceError
 from fl_partitions._rng import derived_generator
-from fl_partitions.stats import class_count_matrix, summarize
+from fl_partitions.stats import class_count_matrix, flip_summary, summarize
 
 IntArray = NDArray[np.int64]
 DEFAULT_SPLIT: tuple[float, float, float] = (0.7, 0.1, 0.2)
@@ -29,6 +35,9 @@ SPLIT_NAMES = ("train", "val", "test")
 _SPLIT_STREAM = 1
 # Above this many indices in total, ``save`` puts the arrays in a side ``.npz``.
 INLINE_LIMIT = 200_000
+#: The local splits whose labels label noise may flip; the test split stays clean (see
+#: :mod:`fl_partitions.label_noise`).
+FLIPPED_SPLITS = ("train", "val")
 
 
 class PartitionFileError(FedbalanceError, ValueError):
@@ -76,6 +85,36 @@ def local_splits(
 
 
 @dataclass(frozen=True, eq=False)
+class LabelFlips:
+    """One client's flipped labels: dataset ``indices`` (ascending) and their new ``labels``."""
+
+    indices: IntArray
+    labels: IntArray
+
+    def lookup(
+        self, indices: NDArray[np.integer[Any]] | Sequence[int]
+    ) -> tuple[IntArray, IntArray]:
+        """Which of ``indices`` are flipped: their positions in ``indices`` and new labels."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if not len(self.indices):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        pos = np.minimum(np.searchsorted(self.indices, idx), len(self.indices) - 1)
+        where = np.flatnonzero(self.indices[pos] == idx)
+        return where, self.labels[pos[where]]
+
+    def relabel(
+        self,
+        indices: NDArray[np.integer[Any]] | Sequence[int],
+        labels: NDArray[Any] | Sequence[int],
+    ) -> IntArray:
+        """``labels`` (those of dataset ``indices``) with this client's flips applied."""
+        out = np.array(labels, dtype=np.int64).reshape(-1)
+        where, new = self.lookup(indices)
+        out[where] = new
+        return out
+
+
+@dataclass(frozen=True, eq=False)
 class Partition:
     """Per-client sample indices plus everything derived from them.
 
@@ -87,6 +126,8 @@ class Partition:
     splits : per-client ``{"train", "val", "test"}`` index arrays (subsets of its indices).
     num_samples : size of the dataset that was partitioned.
     seed, spec : what made the partition, to rebuild or audit it.
+    label_flips : ``None`` without label noise; else noisy client -> its :class:`LabelFlips`
+        (clients not in it keep their labels; a noisy client may have no flip at a low rate).
     """
 
     client_indices: list[IntArray]
@@ -98,6 +139,7 @@ class Partition:
     seed: int
     spec: dict[str, Any]
     split_fractions: tuple[float, ...] = DEFAULT_SPLIT
+    label_flips: dict[int, LabelFlips] | None = None
 
     @classmethod
     def build(
@@ -136,9 +178,27 @@ class Partition:
     def sizes(self) -> IntArray:
         return self.class_counts.sum(axis=1)
 
+    def client_flips(self, client: int) -> LabelFlips | None:
+        """Client ``client``'s label flips, ``None`` for a client whose labels are all true."""
+        return None if self.label_flips is None else self.label_flips.get(int(client))
+
     def stats(self) -> dict[str, Any]:
-        """Sizes, per-client KL (uniform, global) and EMD, and their means."""
-        return summarize(self.class_counts)
+        """Sizes, per-client KL (uniform, global) and EMD, and their means; with label noise
+        also the noisy clients and how many labels each has flipped (:func:`flip_summary`).
+
+        The class counts are of the true labels: label noise changes what a client is told,
+        not what it holds.
+        """
+        out = summarize(self.class_counts)
+        if self.label_flips is not None:
+            noisy = sorted(self.label_flips)
+            flipped = np.zeros(self.num_clients, np.int64)
+            flipped[noisy] = [len(self.label_flips[c].indices) for c in noisy]
+            exposed = np.array(
+                [sum(len(s[p]) for p in FLIPPED_SPLITS) for s in self.splits], dtype=np.int64
+            )
+            out.update(flip_summary(flipped, np.array(noisy, np.int64), exposed))
+        return out
 
     # -- serialisation ---------------------------------------------------------------------
     def to_dict(self, *, inline: bool = True) -> dict[str, Any]:
@@ -154,7 +214,7 @@ class Partition:
             if inline:
                 entry["split"] = {k: self.splits[i][k].tolist() for k in SPLIT_NAMES}
             clients.append(entry)
-        return {
+        doc: dict[str, Any] = {
             "format": FORMAT,
             "num_samples": self.num_samples,
             "num_classes": self.num_classes,
@@ -162,8 +222,15 @@ class Partition:
             "spec": self.spec,
             "split_fractions": list(self.split_fractions),
             "clients": clients,
-            "stats": self.stats(),
         }
+        if self.label_flips is not None:
+            doc["label_flips"] = [
+                {"client": c, "num_flipped": len(f.indices)}
+                | ({"indices": f.indices.tolist(), "labels": f.labels.tolist()} if inline else {})
+                for c, f in sorted(self.label_flips.items())
+            ]
+        doc["stats"] = self.stats()
+        return doc
 
     def save(
         self, path: str | Path, *, extra: dict[str, Any] | None = None, inline: bool | None = None
@@ -186,6 +253,14 @@ class Partition:
             for part in SPLIT_NAMES:
                 arrays[part] = np.concatenate([s[part] for s in self.splits])
                 arrays[f"{part}_sizes"] = np.array([len(s[part]) for s in self.splits], np.int64)
+            if self.label_flips is not None:
+                flips = [f for _, f in sorted(self.label_flips.items())]
+                arrays["flip_indices"] = np.concatenate(
+                    [np.zeros(0, np.int64)] + [f.indices for f in flips]
+                )
+                arrays["flip_labels"] = np.concatenate(
+                    [np.zeros(0, np.int64)] + [f.labels for f in flips]
+                )
             with open(npz, "wb") as fh:
                 np.savez_compressed(fh, **arrays)
             doc["arrays"] = npz.name
@@ -217,6 +292,8 @@ class Partition:
             )
         clients = doc["clients"]
         num_samples, num_classes = int(doc["num_samples"]), int(doc["num_classes"])
+        flip_entries = doc.get("label_flips")
+        flip_arrays: tuple[NDArray[Any], NDArray[Any]] | None = None
         if "arrays" in doc:
             npz_path = path.parent / Path(str(doc["arrays"])).name
             try:
@@ -225,6 +302,8 @@ class Partition:
                     parts = {
                         p: np.split(z[p], np.cumsum(z[f"{p}_sizes"])[:-1]) for p in SPLIT_NAMES
                     }
+                    if flip_entries is not None:
+                        flip_arrays = (z["flip_indices"], z["flip_labels"])
             except (OSError, EOFError, zipfile.BadZipFile) as e:
                 raise PartitionFileError(
                     f"{path}: cannot read its index arrays {npz_path.name} ({e})"
@@ -266,6 +345,11 @@ class Partition:
         noise = np.asarray([float(c["noise_std"]) for c in clients])
         if not np.all(np.isfinite(noise)) or np.any(noise < 0):
             raise PartitionFileError(f"{path}: noise_std must be finite and >= 0 for every client")
+        flips = (
+            None
+            if flip_entries is None
+            else _read_flips(flip_entries, flip_arrays, splits, num_classes, path)
+        )
         return cls(
             client_indices=[np.asarray(ix, dtype=np.int64) for ix in indices],
             class_counts=counts,
@@ -276,4 +360,81 @@ class Partition:
             seed=int(doc["seed"]),
             spec=dict(doc["spec"]),
             split_fractions=tuple(float(f) for f in doc["split_fractions"]),
+            label_flips=flips,
         )
+
+
+def _read_flips(
+    entries: Any,
+    arrays: tuple[NDArray[Any], NDArray[Any]] | None,
+    splits: list[dict[str, IntArray]],
+    num_classes: int,
+    path: Path,
+) -> dict[int, LabelFlips]:
+    """A file's ``label_flips``, checked: one entry per noisy client in ascending order, each
+    flipping distinct samples of that client's train or validation split to a class id.
+
+    ``arrays`` are the npz's concatenated ``flip_indices`` and ``flip_labels`` (``None`` when
+    the entries carry their arrays inline).
+    """
+    if not isinstance(entries, list):
+        raise PartitionFileError(f"{path}: label_flips must be a list of per-client entries")
+    counts = []
+    for e in entries:
+        if not isinstance(e, dict) or not all(
+            isinstance(e.get(k), int) and not isinstance(e.get(k), bool)
+            for k in ("client", "num_flipped")
+        ):
+            raise PartitionFileError(
+                f"{path}: each label_flips entry needs an int 'client' and 'num_flipped'"
+            )
+        counts.append(e["num_flipped"])
+    clients = [e["client"] for e in entries]
+    if clients != sorted(set(clients)) or (
+        clients and not 0 <= clients[0] <= clients[-1] < len(splits)
+    ):
+        raise PartitionFileError(
+            f"{path}: label_flips clients must be distinct ids in [0, {len(splits)}), ascending"
+        )
+    if arrays is None:
+        flat_idx = [
+            _int_array(e.get("indices"), path, f"client {e['client']} flipped indices")
+            for e in entries
+        ]
+        flat_lab = [
+            _int_array(e.get("labels"), path, f"client {e['client']} flipped labels")
+            for e in entries
+        ]
+    else:
+        idx, lab = (np.asarray(a) for a in arrays)
+        if (
+            idx.ndim != 1
+            or lab.shape != idx.shape
+            or not np.issubdtype(idx.dtype, np.integer)
+            or not np.issubdtype(lab.dtype, np.integer)
+            or any(n < 0 for n in counts)
+            or sum(counts) != len(idx)
+        ):
+            raise PartitionFileError(
+                f"{path}: flip_indices and flip_labels must be 1-d int arrays of "
+                f"sum(num_flipped) = {sum(counts)} entries"
+            )
+        cuts = np.cumsum(counts)[:-1]
+        flat_idx = [a.astype(np.int64) for a in np.split(idx, cuts)] if entries else []
+        flat_lab = [a.astype(np.int64) for a in np.split(lab, cuts)] if entries else []
+    out = {}
+    for c, n, ix, lab in zip(clients, counts, flat_idx, flat_lab, strict=True):
+        exposed = np.concatenate([splits[c][p] for p in FLIPPED_SPLITS])
+        if len(ix) != n or len(lab) != n:
+            raise PartitionFileError(f"{path}: client {c} label_flips disagree with num_flipped")
+        if np.any(ix[1:] <= ix[:-1]) or not np.all(np.isin(ix, exposed)):
+            raise PartitionFileError(
+                f"{path}: client {c} flipped indices must be distinct, ascending and in its "
+                f"train or val split"
+            )
+        if n and (lab.min() < 0 or lab.max() >= num_classes):
+            raise PartitionFileError(
+                f"{path}: client {c} flipped labels must be class ids in [0, {num_classes})"
+            )
+        out[c] = LabelFlips(ix, lab)
+    return out

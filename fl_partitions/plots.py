@@ -33,7 +33,8 @@ def plot_class_bars(
     title: str = "",
     class_names: Sequence[str] | None = None,
 ) -> Path:
-    """Stacked per-client class-count bars (the FedLoss thesis's Figures 6-8)."""
+    """Stacked per-client class-count bars (the FedLoss thesis's Figures 6-8), true labels;
+    a marker above the bars of the clients whose labels are flipped (``label_noise``)."""
     plt = _pyplot()
     counts = partition.class_counts
     k, c = counts.shape
@@ -54,6 +55,10 @@ def plot_class_bars(
     ax.set_xlabel("client")
     ax.set_ylabel("samples")
     ax.set_title(title or partition.spec.get("name", ""))
+    if partition.label_flips:  # noisy clients: a marker above their bars
+        noisy = sorted(partition.label_flips)
+        ax.scatter(noisy, bottom[noisy] + 0.03 * bottom.max(), marker="v", color="black", s=18)
+        ax.set_title(f"{ax.get_title()}\n\u25bc noisy labels ({len(noisy)} of {k} clients)")
     if c <= 20:
         ax.legend(title="class", bbox_to_anchor=(1.01, 1), loc="upper left", fontsize=7)
     fig.tight_layout()

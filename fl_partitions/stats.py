@@ -6,6 +6,9 @@ Definitions
 * KL to global: ``sum_c p_c log(p_c / q_c)`` with ``q`` the pooled label distribution.
 * Earth mover's distance: ``sum_c |p_c - q_c|``, the label-distribution distance that Zhao et
   al. ("Federated Learning with Non-IID Data", 2018) call EMD for unordered classes.
+* Label noise (:func:`flip_summary`): the noisy clients, the flipped labels per client, the
+  share of all clients' train + validation labels that are flipped (the labels clients learn
+  and validate on; test labels stay true), and that share over the noisy clients alone.
 
 Clients without samples get ``nan`` and are left out of the means.
 """
@@ -101,3 +104,21 @@ def summarize(counts: NDArray[Any]) -> dict[str, Any]:
         finite = values[~np.isnan(values)]
         out[f"{key}_mean"] = round(float(finite.mean()), 6) if len(finite) else None
     return out
+
+
+def flip_summary(flipped: IntArray, noisy: IntArray, exposed: IntArray) -> dict[str, Any]:
+    """Label-noise statistics as JSON-ready values.
+
+    ``flipped``: flipped labels per client; ``noisy``: the noisy clients' ids; ``exposed``: per
+    client, how many of its samples label noise may flip (train + validation). The flipped
+    share is over every client's such samples, ``noisy_flip_rate`` over the noisy clients'
+    (``None`` when they have none).
+    """
+    flipped, noisy, exposed = (np.asarray(a, dtype=np.int64) for a in (flipped, noisy, exposed))
+    held = int(exposed[noisy].sum()) if len(noisy) else 0
+    return {
+        "noisy_clients": noisy.tolist(),
+        "flipped": flipped.tolist(),
+        "flipped_share": round(float(flipped.sum() / max(int(exposed.sum()), 1)), 6),
+        "noisy_flip_rate": round(float(flipped[noisy].sum() / held), 6) if held else None,
+    }

@@ -1,4 +1,4 @@
-"""Per-client dataset views: a client's subset of a dataset, with its feature noise.
+"""Per-client dataset views: a client's subset of a dataset, with its feature and label noise.
 
 The noise of element ``e`` of sample ``j`` on client ``i`` is a function of
 ``(seed, i, j, e)`` alone — a counter-based generator (SplitMix64 hashing, then Box-Muller) —
@@ -12,6 +12,10 @@ whose tensors are normalised says by how much through a ``pixel_scale`` attribut
 per pixel unit, ``1 / std`` of its ``Normalize``), and the noise is scaled by it: adding
 ``N(0, s^2)`` to pixels and then normalising gives exactly the normalised image plus
 ``N(0, (s * pixel_scale)^2)``, since normalising is affine and NIID-Bench does not clip.
+
+Label noise is data, not a stream: a partition lists each noisy client's flipped samples and
+their new labels (:class:`~fl_partitions.partition.LabelFlips`), and a view given them returns
+those labels in place of the dataset's.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
 from fl_checks import ParameterError
+from fl_partitions.partition import LabelFlips
 
 _MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -76,7 +81,8 @@ def sample_noise(
 
 
 class NoisyDataset(Dataset[Any]):
-    """A client's view of ``dataset``: the given indices, inputs plus fixed Gaussian noise.
+    """A client's view of ``dataset``: the given indices, inputs plus fixed Gaussian noise,
+    labels with the client's flips.
 
     Parameters
     ----------
@@ -88,6 +94,10 @@ class NoisyDataset(Dataset[Any]):
     seed, client : identify the noise stream.
     pixel_scale : tensor units per pixel unit; by default the dataset's ``pixel_scale``
         attribute, else 1 (the tensors hold [0, 1] pixels).
+    flips : the client's label flips (:meth:`Partition.client_flips
+        <fl_partitions.partition.Partition.client_flips>`); a sample of the view among them
+        gets its new label, the others keep the dataset's. A partition flips only train and
+        validation samples, so the client's test view, given the same flips, stays clean.
     """
 
     def __init__(
@@ -99,6 +109,7 @@ class NoisyDataset(Dataset[Any]):
         seed: int = 0,
         client: int = 0,
         pixel_scale: float | None = None,
+        flips: LabelFlips | None = None,
     ) -> None:
         if not np.isfinite(std) or std < 0:
             raise ParameterError(f"std must be a finite float >= 0, got {std!r}")
@@ -113,6 +124,14 @@ class NoisyDataset(Dataset[Any]):
         self.seed = int(seed)
         self.client = int(client)
         self._noise: torch.Tensor | None = None  # all of this view's noise, drawn on first use
+        # The new label of each position of the view, -1 where the dataset's stands; None
+        # when no sample of the view is flipped.
+        self._labels: NDArray[np.int64] | None = None
+        if flips is not None:
+            where, new = flips.lookup(self.indices)
+            if len(where):
+                self._labels = np.full(len(self.indices), -1, dtype=np.int64)
+                self._labels[where] = new
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -131,6 +150,9 @@ class NoisyDataset(Dataset[Any]):
         x, y = self.dataset[int(self.indices[item])]
         if self.std > 0:
             x = x + self._noise_for(np.array([item]), tuple(x.shape))[0].to(x.dtype)
+        if self._labels is not None and self._labels[item] >= 0:
+            new = int(self._labels[item])  # in the type the dataset gives its labels in
+            y = torch.tensor(new, dtype=y.dtype) if isinstance(y, torch.Tensor) else new
         return x, y
 
     def get_batch(
@@ -147,4 +169,8 @@ class NoisyDataset(Dataset[Any]):
             y = torch.as_tensor([int(b) for _, b in items])
         if self.std > 0:
             x = x + self._noise_for(pos, tuple(x.shape[1:])).to(x.dtype)
+        if self._labels is not None:
+            y = torch.as_tensor(y)
+            new = torch.from_numpy(self._labels[pos])
+            y = torch.where(new >= 0, new.to(y.dtype), y)
         return x, y

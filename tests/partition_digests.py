@@ -2,8 +2,8 @@
 
 Flower's environment has numpy 2.x and the main one numpy 1.26 (FedML 0.9.6 pins it), so the
 "same" scenario on two hosts is the same data only if every partitioner gives the same indices,
-local splits included, under both. :func:`digests` partitions labels of several sizes and
-seeds with every scheme (composed ones too) and hashes the result; ``tests/data/
+local splits and label flips included, under both. :func:`digests` partitions labels of several
+sizes and seeds with every scheme (composed ones too) and hashes the result; ``tests/data/
 partition_digests.json`` holds the digests, and a test in each suite compares its numpy's with
 them. Regenerate (only when a partitioner's output is meant to change):
 
@@ -43,6 +43,15 @@ SPECS: dict[str, dict[str, Any]] = {
             {"name": "feature_noise", "sigma": 0.2},
         ],
     },
+    "label_noise": {"name": "label_noise"},
+    "mixed_label_noise_pair": {
+        "name": "mixed",
+        "components": [
+            {"name": "label_dirichlet", "beta": 0.5},
+            {"name": "feature_noise", "sigma": 0.1},
+            {"name": "label_noise", "share": 0.5, "rate": 0.2, "mode": "pair"},
+        ],
+    },
 }
 #: (samples, classes, clients): the sizes each scheme is run on, each with several seeds.
 SIZES = ((1_000, 10, 10), (20_000, 10, 20), (6_000, 26, 30))
@@ -56,6 +65,11 @@ def digest(partition: Any) -> str:
         for split in ("train", "val", "test"):
             h.update(np.asarray(partition.splits[c][split], np.int64).tobytes())
     h.update(np.asarray(partition.noise_std, np.float64).tobytes())
+    # Label flips only where there are any, so the digests of earlier schemes stay as they were.
+    for c, flips in sorted((partition.label_flips or {}).items()):
+        h.update(np.asarray([c], np.int64).tobytes())
+        h.update(np.asarray(flips.indices, np.int64).tobytes())
+        h.update(np.asarray(flips.labels, np.int64).tobytes())
     return h.hexdigest()[:16]
 
 

@@ -4,7 +4,8 @@ One contract runs over every partitioner the plugin registry holds (the built-in
 installed plugin's; default parameters, built through the registry) and a
 few parameter sets per scheme (imbalanced-learn's ``test_common.py`` pattern): exact cover
 (or, for resampling schemes, unique indices that are a subset), local train/val/test splits
-that are disjoint covers of each client's indices, class counts that match the labels, and
+that are disjoint covers of each client's indices, class counts that match the labels, label
+flips (if any) that change train or validation labels only and always to another class, and
 same seed -> same partition. Properties run under hypothesis over random label arrays.
 """
 
@@ -72,6 +73,17 @@ EXTRA_SPECS: list[dict[str, Any]] = [
         ],
     },
     {"name": "mixed", "components": [{"name": "quantity_dirichlet", "beta": 1.0}]},
+    {"name": "label_noise", "share": 1.0, "rate": 1.0, "mode": "pair"},
+    {"name": "label_noise", "share": 0.0},
+    {
+        "name": "mixed",
+        "components": [
+            {"name": "global_imbalance", "profile": "zipf"},
+            {"name": "label_dirichlet", "beta": 0.3, "min_size": 0},
+            {"name": "feature_noise", "sigma": 0.2},
+            {"name": "label_noise", "share": 0.5, "rate": 0.3},
+        ],
+    },
 ]
 ALL_SPECS = DEFAULT_SPECS + EXTRA_SPECS
 
@@ -96,6 +108,11 @@ def resamples(part: Partitioner) -> bool:
     if part.kind == "resample":
         return True
     return any(c.kind == "resample" for c in getattr(part, "components", []))
+
+
+def relabels(part: Partitioner) -> bool:
+    """Whether the partitioner (or a component of it) flips labels."""
+    return any(p.kind == "relabel" for p in [part, *getattr(part, "components", [])])
 
 
 def constraints(part: Partitioner) -> tuple[int, int | None]:
@@ -249,6 +266,30 @@ def test_same_seed_gives_the_same_partition(
     for sa, sb in zip(a.splits, b.splits, strict=True):
         for key in ("train", "val", "test"):
             np.testing.assert_array_equal(sa[key], sb[key])
+    assert (a.label_flips is None) == (b.label_flips is None)
+    assert sorted(a.label_flips or {}) == sorted(b.label_flips or {})
+    for c, fa in (a.label_flips or {}).items():
+        fb = (b.label_flips or {})[c]
+        np.testing.assert_array_equal(fa.indices, fb.indices)
+        np.testing.assert_array_equal(fa.labels, fb.labels)
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=ALL_IDS)
+@PROPERTY
+@given(labels=label_arrays(), wanted=client_counts, seed=seeds)
+def test_label_flips_change_train_or_val_labels_to_another_class(
+    spec: dict[str, Any], labels: np.ndarray, wanted: int, seed: int
+) -> None:
+    part, p = partition_or_skip(spec, labels, wanted, seed)
+    assert (p.label_flips is not None) == relabels(part)
+    for client, flips in (p.label_flips or {}).items():
+        assert 0 <= client < p.num_clients
+        exposed = np.concatenate([p.splits[client]["train"], p.splits[client]["val"]])
+        assert np.all(np.diff(flips.indices) > 0)
+        assert np.all(np.isin(flips.indices, exposed))  # test labels stay true
+        assert flips.labels.shape == flips.indices.shape
+        assert np.all(flips.labels != labels[flips.indices])
+        assert np.all((flips.labels >= 0) & (flips.labels < p.num_classes))
 
 
 @pytest.mark.parametrize(
@@ -348,8 +389,9 @@ def test_one_client_holds_every_kept_sample(spec: dict[str, Any]) -> None:
         {"name": "label_dirichlet", "min_size": 1, "beta": 0.1},
         {"name": "quantity_dirichlet", "min_size": 1, "beta": 0.1},
         {"name": "feature_noise"},
+        {"name": "label_noise", "share": 1.0, "rate": 1.0},
     ],
-    ids=["iid", "label_dirichlet", "quantity_dirichlet", "feature_noise"],
+    ids=["iid", "label_dirichlet", "quantity_dirichlet", "feature_noise", "label_noise"],
 )
 def test_as_many_clients_as_samples_gives_one_sample_each(spec: dict[str, Any]) -> None:
     labels = np.arange(50) % 5

@@ -34,6 +34,7 @@ BUILTIN_PARTITIONERS = {
     "iid",
     "label_dirichlet",
     "label_quantity",
+    "label_noise",
     "quantity_dirichlet",
     "feature_noise",
     "global_imbalance",

@@ -2,7 +2,7 @@
 
 * :class:`PartitionedDataset` is a FedLab ``FedDataset``: ``get_dataset(id, "train"|"val"|"test")``
   and ``get_dataloader`` over a :class:`~fl_partitions.Partition`, with the client's feature
-  noise applied.
+  noise and label flips applied.
 * :class:`FedBalancePartitioner` is a FedLab ``DataPartitioner`` (``client_dict``, indexing,
   ``len``), so code written for ``CIFAR10Partitioner``-style objects takes any fedbalance scheme.
 """
@@ -49,6 +49,7 @@ class PartitionedDataset(FedDataset):
                 std=float(p.noise_std[key[0]]),
                 seed=p.seed,
                 client=key[0],
+                flips=p.client_flips(key[0]),
             )
         return self._views[key]
 

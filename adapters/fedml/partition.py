@@ -3,7 +3,8 @@ fedbalance partitioner name, optional ``partition_args:``; docs/hosts/fedml.md):
 ``partition_data`` of FedML's CIFAR-10 (both loaders), CIFAR-100 and CINIC-10 modules, which
 also serve unknown dataset names, splits with fedbalance, seeded by ``random_seed``. Feature
 noise (``feature_noise``, ``mixed``) is not applied here: FedML's loaders own the transforms,
-so only the label/quantity part of a spec takes effect (logged).
+so only the label/quantity part of a spec takes effect (logged); label noise (``label_noise``)
+is refused, as those loaders hand out their own labels.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from fl_adapters.autoload import Patches
 from fl_adapters.registry import get_registry
+from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,12 @@ def fedbalance_map(y_train: Any, num_clients: int, method: str, args: Any) -> di
         .make_partitioner(spec)
         .partition(np.asarray(y_train), num_clients, seed=int(getattr(args, "random_seed", 0) or 0))
     )
+    if part.label_flips:  # the setting itself, not a detail: refused rather than dropped
+        raise ParameterError(
+            f"partition {method!r} flips labels (label_noise), which FedML's own loaders cannot "
+            "apply (they hand out their own labels): use the bundled example's data module "
+            "(fedbalance run, fl_adapters/fedml/example) or a partition without label_noise"
+        )
     if part.noise_std.any():
         log.warning(
             "partition %r adds feature noise; FedML's loaders own the transforms, so only "

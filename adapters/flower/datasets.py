@@ -2,8 +2,8 @@
 
 Flower Datasets has Dirichlet, pathological, shard and size partitioners, but no feature noise
 and no composition. :class:`FedBalancePartitioner` serves every fedbalance scheme -- label and
-quantity skew, global class imbalance, feature noise, ``mixed`` compositions -- through
-Flower Datasets' interface::
+quantity skew, global class imbalance, feature noise, noisy clients, ``mixed`` compositions --
+through Flower Datasets' interface::
 
     partitioner = FedBalancePartitioner(30, {"name": "mixed"}, seed=0, noise_by="image")
     fds = FederatedDataset(dataset=..., partitioners={"train": partitioner}, shuffle=False)
@@ -26,6 +26,11 @@ to the column's values as stored. The partition's noise levels are in pixel unit
 column's units one pixel unit is: 1 for [0, 1] pixels (the default), 255 for raw 0-255 pixels,
 ``1 / std`` for a column normalised with ``std``. Without ``noise_by`` the noise levels are
 ignored, with a warning.
+
+Label noise (``label_noise``): a noisy client's rows read their flipped labels in column
+``partition_by``, the labels the partition lists for them (on access, as the noise), so its
+train and validation rows carry the same wrong labels as in FedLab and FedML runs; its test rows
+keep their true labels.
 """
 
 from __future__ import annotations
@@ -140,14 +145,21 @@ class FedBalancePartitioner(FlowerPartitioner):
     def _rows(self, client: int, indices: np.ndarray) -> Dataset:
         rows = self.dataset.select(indices.tolist())
         std = float(self.partition.noise_std[client]) * self.pixel_scale
-        if self.noise_by is None or std == 0:
+        column = self.noise_by if std > 0 else None
+        flips = self.partition.client_flips(client)
+        if flips is not None and not len(flips.lookup(indices)[0]):
+            flips = None  # none of these rows is flipped (a test split, a low rate)
+        if column is None and flips is None:
             return rows
         rows = rows.add_column(INDEX_COLUMN, indices.tolist())
-        column, seed = self.noise_by, self.partition.seed
+        label, seed = self.partition_by, self.partition.seed
 
-        def add_noise(batch: dict[str, Any]) -> dict[str, Any]:
-            x = np.asarray(batch[column], dtype=np.float32)
-            batch[column] = x + noise_block(x.shape[1:], std, seed, client, batch[INDEX_COLUMN])
+        def transform(batch: dict[str, Any]) -> dict[str, Any]:
+            if column is not None:
+                x = np.asarray(batch[column], dtype=np.float32)
+                batch[column] = x + noise_block(x.shape[1:], std, seed, client, batch[INDEX_COLUMN])
+            if flips is not None:
+                batch[label] = flips.relabel(batch[INDEX_COLUMN], batch[label]).tolist()
             return batch
 
-        return rows.with_transform(add_noise)
+        return rows.with_transform(transform)

@@ -5,7 +5,8 @@ test_dict, class_num]``.
 The partition comes from the config's ``partition_spec`` (any fedbalance partitioner spec,
 default the thesis's mixed skew); each client's local split is train + validation (FedML trains
 on both, fedbalance's adapter holds the validation part out when the aggregator needs it) and
-test. Feature noise is applied per client.
+test. Feature noise and label flips (``label_noise``: train labels only, test stays true) are
+applied per client.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def load(args: Any) -> tuple[list[Any], int]:
                 seed=part.seed,
                 client=c,
                 pixel_scale=pixel_scale,
+                flips=part.client_flips(c),
             )
             for split in ("train", "test")
         }

@@ -2,8 +2,8 @@
 
 The app's run-config keys mirror :class:`~fl_adapters.config.RunConfig`'s fields, so a client
 builds its data exactly as ``fedbalance run`` does (:func:`fl_adapters.experiment.training_data`:
-same dataset, partition, local 70/10/20 split and feature noise for the same seed), and trains
-with fedbalance's local training seeded by ``(seed, client, round)``.
+same dataset, partition, local 70/10/20 split, feature noise and label flips for the same seed),
+and trains with fedbalance's local training seeded by ``(seed, client, round)``.
 
 The ServerApp forwards these keys to the clients in every message's ``ConfigRecord``, so a
 ClientApp needs nothing from its own context but its ``partition-id``: that works in the
@@ -94,6 +94,7 @@ def client_data(config: Mapping[str, Any], client: int) -> dict[str, Dataset[Any
             std=float(partition.noise_std[client]),
             seed=partition.seed,
             client=client,
+            flips=partition.client_flips(client),
         )
         for split in ("train", "val", "test")
     }
