@@ -61,7 +61,7 @@ def run_one(cfg: dict[str, Any], out_dir: str, hook: Any = None) -> dict[str, An
         import dataclasses
 
         from fl_adapters.fedlab.launch import run_distributed
-        from fl_adapters.processes import free_ports
+        from fl_adapters.run.processes import free_ports
 
         # Parallel workers' runs must not share FedLab's default port.
         config = dataclasses.replace(config, port=free_ports(1)[0])
@@ -122,8 +122,15 @@ def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
 
 def mean_std(values: list[float], scale: float = 100.0, digits: int = 2, sign: str = "") -> str:
     """``mean ± std`` of fractions, in percent (``scale``); the sample std (n - 1).
-    ``sign="+"`` writes differences signed."""
+    ``sign="+"`` writes differences signed. One value has no spread: ``mean (n = 1)``."""
     if not values:
         return "-"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{scale * statistics.mean(values):{sign}.{digits}f} ± {scale * sd:.{digits}f}"
+    return mean_spread(scale * statistics.mean(values), scale * sd, len(values), digits, sign)
+
+
+def mean_spread(mean: float, sd: float, n: int, digits: int = 2, sign: str = "") -> str:
+    """``mean ± sd`` of ``n`` values, or ``mean (n = 1)``: a single value prints no spread."""
+    if n == 1:
+        return f"{mean:{sign}.{digits}f} (n = 1)"
+    return f"{mean:{sign}.{digits}f} ± {sd:.{digits}f}"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedbalance_benchmarks._runs import mean_spread
 from fedbalance_benchmarks.thesis_figures import (
     ALGORITHMS,
     BASELINES,
@@ -439,8 +440,8 @@ def default_vs_thesis_rule(grid: Grid, curves: Sequence[dict[str, Any]] = ()) ->
         rows.append(
             [
                 scenario,
-                f"{b.final_mean:.2f} ± {b.final_sd:.2f}",
-                f"{a.final_mean:.2f} ± {a.final_sd:.2f}",
+                mean_spread(b.final_mean, b.final_sd, b.n),
+                mean_spread(a.final_mean, a.final_sd, a.n),
                 e.text() if n > 1 else f"{e.diff:+.2f}",
                 verdict,
                 str(n),

@@ -183,7 +183,7 @@ def host_comparison(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
                     mean_std(best_lab),
                     mean_std(best_ml),
                     f"{diff:+.2f}",
-                    f"{spread:.2f}",
+                    f"{spread:.2f}" if len(ours) > 1 else "(n = 1)",
                 ]
             )
     if not rows:
