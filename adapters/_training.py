@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from fl_adapters.bias import Counts, total
 from fl_adapters.client_metrics import Evaluation
 from fl_checks import ParameterError
 
@@ -210,6 +211,39 @@ def local_train(
 
 
 @torch.no_grad()
+def evaluate_counts(
+    model: nn.Module,
+    data: Any,
+    batch_size: int = 1024,
+    *,
+    keys: tuple[str, str] | None = None,
+) -> Counts:
+    """The summed cross-entropy loss and, per class, the samples and correct predictions of
+    ``model`` over ``data`` (a dataset or ``DataLoader`` of pairs or dicts, see
+    :func:`batches`): one pass, from which accuracy and every bias figure follow
+    (:mod:`fl_adapters.bias`). The class vectors cover the model's outputs (and any label
+    beyond them)."""
+    model.eval()
+    loss_sum = 0.0
+    total = correct = torch.zeros(0, dtype=torch.int64)
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    device = device_of(model)
+    for x, y in batches(data, batch_size, keys=keys):
+        x, y = x.to(device), y.to(device)
+        out = model(x)
+        loss_sum += float(criterion(out, y))
+        k = max(out.shape[1], len(total))
+        y = y.cpu()
+        hit = y[(out.argmax(dim=1) == y.to(out.device)).cpu()]
+        total = _grown(total, k) + torch.bincount(y, minlength=k)[:k].to(torch.int64)
+        correct = _grown(correct, k) + torch.bincount(hit, minlength=k)[:k].to(torch.int64)
+    return Counts(loss_sum, total.numpy(), correct.numpy())
+
+
+def _grown(v: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.nn.functional.pad(v, (0, k - len(v))) if len(v) < k else v
+
+
 def evaluate(
     model: nn.Module,
     datasets: Any,
@@ -223,17 +257,8 @@ def evaluate(
     (e.g. every client's test split), which count as their union, so the result is weighted by
     their sizes.
     """
-    model.eval()
-    loss_sum, correct, n = 0.0, 0, 0
-    criterion = nn.CrossEntropyLoss(reduction="sum")
-    device = device_of(model)
-    for ds in datasets if isinstance(datasets, (list, tuple)) else [datasets]:
-        for x, y in batches(ds, batch_size, keys=keys):
-            x, y = x.to(device), y.to(device)
-            out = model(x)
-            loss_sum += float(criterion(out, y))
-            correct += int((out.argmax(dim=1) == y).sum())
-            n += len(y)
-    if n == 0:
+    parts = datasets if isinstance(datasets, (list, tuple)) else [datasets]
+    counts = total([evaluate_counts(model, ds, batch_size, keys=keys) for ds in parts])
+    if counts.n == 0:
         return Evaluation(float("nan"), float("nan"), 0)
-    return Evaluation(loss_sum / n, correct / n, n)
+    return Evaluation(counts.loss, counts.accuracy, counts.n)

@@ -25,7 +25,7 @@ from fl_adapters import hosts
 from fl_adapters.autoload import LABELS
 from fl_adapters.config import RunConfig
 from fl_adapters.inputs import load_json
-from fl_adapters.rundir import scoped_env
+from fl_adapters.run.directory import scoped_env
 from fl_checks import FedbalanceError
 
 FORMAT = "fedbalance-checkpoint"
@@ -53,10 +53,13 @@ class Checkpoint:
     rng: dict[str, Any] | None = None
     #: Per-round metrics the host keeps in memory only (Flower's strategy ``Result``), as JSON.
     history: dict[str, Any] | None = None
-    #: The host that wrote it: ``fedlab``, ``fedml`` or ``flower`` (see :meth:`check_host`).
-    host: str | None = None
+    #: The host that wrote it (its registry name: ``fedlab``, ``fedml``, ``flower``): a run
+    #: resumes only from its own host's (:meth:`open`).
+    host: str = ""
 
     def save(self, path: Path) -> None:
+        if not self.host:
+            raise ValueError("a checkpoint names the host that writes it (host=...)")
         doc = {
             "format": FORMAT,
             "version": VERSION,
@@ -112,11 +115,9 @@ class Checkpoint:
                 participations={int(c): int(k) for c, k in doc["participations"]},
                 sampler=doc["sampler"],
                 plan=_json(doc["plan"], "plan") if doc["plan"] is not None else None,
-                rng=doc.get("rng"),  # absent from checkpoints written before FedML resume
-                history=(
-                    _json(doc["history"], "history") if doc.get("history") is not None else None
-                ),
-                host=doc.get("host"),  # absent before checkpoints named their host
+                rng=doc["rng"],
+                history=_json(doc["history"], "history") if doc["history"] is not None else None,
+                host=doc["host"],
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: malformed checkpoint ({type(e).__name__}: {e})") from e
@@ -124,6 +125,8 @@ class Checkpoint:
             isinstance(ckpt.config, dict)
             and isinstance(ckpt.round, int)
             and ckpt.round >= 0
+            and isinstance(ckpt.host, str)
+            and bool(ckpt.host)
             and _is_model(ckpt.model)
             and isinstance(ckpt.aggregator, dict)
             and (ckpt.sampler is None or all(isinstance(x, int) for x in ckpt.sampler))
@@ -143,19 +146,19 @@ class Checkpoint:
             )
         return ckpt
 
-    def check_host(self, host: str, path: Path) -> None:
-        """Refuse a checkpoint another host wrote, naming both. One written before checkpoints
-        named their host is told from its contents (Flower's config names it; FedML's model is
-        a state dict)."""
-        written = self.host
-        if written is None:
-            flower = self.config.get("host") == "flower"
-            written = "flower" if flower else "fedml" if isinstance(self.model, dict) else "fedlab"
-        if written != host:
+    @classmethod
+    def open(cls, path: Path, host: str) -> Checkpoint:
+        """The checkpoint at ``path``, to resume a ``host`` run from: every host opens its
+        checkpoint here, then checks it against its own config (its own keys). A checkpoint
+        another host wrote is refused, naming both."""
+        ckpt = cls.load(path)
+        if ckpt.host != host:
+            written = ckpt.host
             raise CheckpointError(
                 f"{path} was written by a {LABELS.get(written, written)} run; this is a "
                 f"{LABELS.get(host, host)} run: resume with the host that wrote it"
             )
+        return ckpt
 
     def check_model(self, template: torch.Tensor | Mapping[str, torch.Tensor], path: Path) -> None:
         """Refuse a model that is not ``template``'s: names, shapes and dtypes."""

@@ -24,7 +24,8 @@ from fl_adapters.config import RunConfig, RunFailed
 from fl_adapters.hosts import RunOptions
 from fl_adapters.inputs import InputError, load_json, load_yaml
 from fl_adapters.registry import build_aggregator, get_registry
-from fl_adapters.rundir import claim
+from fl_adapters.run.directory import claim
+from fl_adapters.run.lifecycle import check_learned
 from fl_checks import FedbalanceError
 
 #: What the CLI reports as one line and exit 2: fedbalance's errors about its input, an
@@ -165,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps({"config": "ok", **check(config)}))
         return 0
     from fl_adapters._training import TRAIN_CLOCK
-    from fl_adapters.rundir import check_record_outside
+    from fl_adapters.run.directory import check_record_outside
     from fl_aggregators.record import check_target
 
     out = Path(args.out)
@@ -180,12 +181,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     with claim(out, resume=args.resume, overwrite=args.overwrite):
         summary = get_registry().host_for(config.framework).run(config, out, options)
-    if summary.get("aggregated_rounds", 1) == 0:  # the shared summary's count (run_summary)
-        # Whatever the host said: a run none of whose rounds changed the model learned nothing.
-        raise RunFailed(
-            f"{config.framework}: {summary.get('rounds', 0)} round(s) recorded, none aggregated: "
-            f"the model is the initial one (see {out}/aggregations.jsonl and the warnings above)"
-        )
+    check_learned(config.framework, summary, out)  # whatever the host said
     print(
         json.dumps(
             {k: summary[k] for k in ("rounds", "final_accuracy", "best_accuracy", "best_round")}

@@ -9,7 +9,6 @@ stops here, with the same message.
 from __future__ import annotations
 
 import json
-import math
 import random
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 
 from fl_adapters.config import ConfigError, RunConfig
 from fl_adapters.registry import build_aggregator, get_registry
+from fl_aggregators.record import jsonable
 from fl_partitions import Partition
 
 
@@ -106,21 +106,10 @@ def run_summary(
     return summary
 
 
-def finite(value: Any) -> Any:
-    """``value`` with every non-finite float as ``None``: what metrics files hold, so that
-    they stay JSON (no bare ``NaN``/``Infinity``)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
-
-
 def json_line(row: dict[str, Any]) -> str:
-    """One ``metrics.jsonl`` line (see :func:`finite`)."""
-    return json.dumps(finite(row), allow_nan=False) + "\n"
+    """One ``metrics.jsonl`` line (non-finite numbers as ``null``:
+    :func:`~fl_aggregators.record.jsonable`)."""
+    return json.dumps(jsonable(row), allow_nan=False) + "\n"
 
 
 def plan_of_run(config: RunConfig) -> dict[str, Any]:

@@ -161,7 +161,7 @@ def final_to_stop_ms(silo_log: str) -> float | None:
 
 def run_once(variant: str, index: int, scratch: Path) -> dict[str, Any]:
     """Start the ranks, wait for all of them (or the limit); the run's record."""
-    from fl_adapters.processes import start_logged, stop, wait_listening
+    from fl_adapters.run.processes import start_logged, stop, wait_listening
 
     scratch.mkdir(parents=True, exist_ok=True)
     cfg, late = config(scratch, variant), variant.endswith("-late")

@@ -136,7 +136,7 @@ def _nan_checkpoint(d: Path) -> None:
     (d / "out").mkdir()
     Checkpoint(
         config={}, round=1, model=torch.full((4,), float("nan")), aggregator={"round": 1},
-        participations={},
+        participations={}, host="fedlab",
     ).save(d / "out" / "checkpoint.pt")  # fmt: skip
 
 

@@ -34,7 +34,10 @@ def run(
 
     torch.manual_seed(0)
     n_params = sum(p.numel() for p in ThesisCNN().parameters())
-    buffer = [encode(torch.randn(n_params), c, 1400 + 10 * c, {"val_loss": 0.3 + 0.1 * c}) for c in range(5)]
+    buffer = [
+        encode(torch.randn(n_params), c, 1400 + 10 * c, {"val_loss": 0.3 + 0.1 * c})
+        for c in range(5)
+    ]
     stock = SyncServerHandler(ThesisCNN(), global_round=10**9, sample_ratio=1.0)
     ours = {
         name: FedBalanceServerHandler(ThesisCNN(), 10**9, 1.0, aggregator=name)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from fedbalance_benchmarks._runs import path_slug
-from fl_adapters.processes import proc_files
+from fl_adapters.run.processes import proc_files
 
 
 def fault_config(**overrides: Any) -> Any:
@@ -308,7 +308,7 @@ def faults(
         )
     if not processes:
         return rows, damaged_checkpoints(work / "damaged"), {}
-    from fl_adapters.processes import free_ports
+    from fl_adapters.run.processes import free_ports
 
     (port,) = free_ports(1)
     kill = kill_client_and_resume(work / "kill", fault_config(port=port), kill_after=2)

@@ -32,15 +32,19 @@ ENV = "FEDBALANCE_RECORD"
 RUN_ENV = "FEDBALANCE_RUN_RECORD"
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON can hold it, the same in every record fedbalance writes (the
+    aggregation record, ``metrics.jsonl``, ``summary.json``): a non-finite float is ``null``
+    (JSON has no NaN or infinity), a 0-d tensor or numpy scalar its number, anything else
+    unknown its ``str``."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
+        return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if hasattr(value, "item") and callable(value.item):
-        return _jsonable(value.item())
+        return jsonable(value.item())
     if isinstance(value, (int, str, bool)) or value is None:
         return value
     return str(value)
@@ -83,7 +87,7 @@ def record(entry: dict[str, Any], path: str | None = None) -> None:
     paths = [path] if path else targets()
     if not paths:
         return
-    line = json.dumps(_jsonable(entry), allow_nan=False)
+    line = json.dumps(jsonable(entry), allow_nan=False)
     for target in paths:
         # One write call per line, opened in append mode: lines from several processes
         # (FedLab cross-process, MPI ranks) do not interleave within a line.

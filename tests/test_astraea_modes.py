@@ -25,7 +25,7 @@ import yaml
 from helpers import digits_run, records
 
 from fl_adapters.astraea import MediatorRelay, run_mediator
-from fl_adapters.processes import free_ports
+from fl_adapters.run.processes import free_ports
 
 HOSTS = Path(__file__).parent / "hosts"
 EXAMPLE = Path(__file__).resolve().parents[1] / "adapters" / "fedml" / "example"

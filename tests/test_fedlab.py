@@ -25,7 +25,7 @@ from fl_adapters.fedlab import FedBalancePartitioner, FedBalanceServerHandler, P
 from fl_adapters.fedlab.launch import run_distributed
 from fl_adapters.fedlab.payload import decode, encode
 from fl_adapters.fedlab.runner import run_standalone
-from fl_adapters.processes import free_ports
+from fl_adapters.run.processes import free_ports
 from fl_partitions import make_partitioner
 
 HOSTS = Path(__file__).parent / "hosts"
@@ -166,7 +166,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_told_to_start_again(tmp_pa
     """The server is killed before round 1 ends: the error, a second start and a ``--resume``
     each say to start again with ``--overwrite`` (there is nothing to resume; the run used to
     be sent to ``--resume``, which then found no checkpoint)."""
-    from fl_adapters.processes import descendants
+    from fl_adapters.run.processes import descendants
 
     def server() -> list[int]:
         found = []

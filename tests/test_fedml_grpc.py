@@ -31,7 +31,7 @@ pytest.importorskip("grpc")
 
 from fl_adapters.config import ConfigError, RunConfig  # noqa: E402
 from fl_adapters.fedml.ipconfig import check_grpc, free_ports, write_ipconfig  # noqa: E402
-from fl_adapters.processes import watch  # noqa: E402
+from fl_adapters.run.processes import watch  # noqa: E402
 
 FINAL_MODEL_HOST = Path(__file__).parent / "hosts" / "fedml_final_model.py"
 #: Three processes share two cores here; one torch thread each is faster, and makes every run
@@ -494,7 +494,7 @@ def test_metrics_rows_carry_astraea_mediators_and_fedml_accuracy(tmp_path: Path)
     import json
 
     from fl_adapters.fedml.runner import collect
-    from fl_adapters.rundir import RunFiles
+    from fl_adapters.run.directory import RunFiles
 
     record = {"round": 1, "clients": [0], "weights": [1.0], "skipped": False, "rejected": []}
     astraea = record | {"mediators": [[2, 5]], "kl": [0.3]}

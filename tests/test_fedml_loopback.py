@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fl_adapters.processes import descendants, is_loopback, listening, stop
+from fl_adapters.run.processes import descendants, is_loopback, listening, stop
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/net/tcp").exists(), reason="reads listening sockets from Linux /proc"
@@ -117,7 +117,7 @@ def test_a_fedml_mpi_run_listens_on_loopback_only(tmp_path: Path) -> None:
 def test_without_a_compiler_the_shim_is_none_and_says_what_stays_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from fl_adapters import processes
+    from fl_adapters.run import processes
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "no-such-compiler")
@@ -129,7 +129,7 @@ def test_without_a_compiler_the_shim_is_none_and_says_what_stays_open(
 def test_the_shim_binds_every_interface_to_loopback(tmp_path: Path) -> None:
     """A process that binds 0.0.0.0 and [::] under the shim listens on 127.0.0.1 and [::1];
     a bind to a named address is left alone."""
-    from fl_adapters import processes
+    from fl_adapters.run import processes
 
     library = processes.loopback_preload.__wrapped__()
     if library is None:

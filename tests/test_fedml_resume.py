@@ -138,11 +138,12 @@ def test_a_fedlab_run_refuses_a_fedml_checkpoint(tmp_path: Path) -> None:
     from fl_adapters.fedlab.runner import restore
 
     ckpt = Checkpoint(
-        config={}, round=1, model={"w": torch.zeros(1)}, aggregator={}, participations={}
-    )
-    # Loading names the host that wrote it (told from the state dict for unnamed checkpoints).
+        config={}, round=1, model={"w": torch.zeros(1)}, aggregator={}, participations={},
+        host="fedml",
+    )  # fmt: skip
+    ckpt.save(tmp_path / "checkpoint.pt")
     with pytest.raises(CheckpointError, match="written by a FedML run; this is a FedLab run"):
-        ckpt.check_host("fedlab", tmp_path / "checkpoint.pt")
+        Checkpoint.open(tmp_path / "checkpoint.pt", "fedlab")
     # A restore handed one anyway refuses its model rather than loading it.
     with pytest.raises(CheckpointError, match=r"state dict of 1 tensors\) is not this run's"):
         restore(SimpleNamespace(model=torch.nn.Linear(1, 1)), ckpt)  # type: ignore[arg-type]
@@ -173,7 +174,7 @@ def test_eval_keys_take_effect_in_fedml_or_stop_the_run() -> None:
 
 def test_fedml_rows_take_test_accuracy_from_the_rounds_fedml_tests(tmp_path: Path) -> None:
     from fl_adapters.fedml.runner import collect, tested_rounds
-    from fl_adapters.rundir import RunFiles
+    from fl_adapters.run.directory import RunFiles
 
     assert tested_rounds(1, 10, 4) == [4, 8, 10]  # eval_every's rounds, as on every host
     assert tested_rounds(5, 10, 4) == [8, 10]  # resumed after round 4

@@ -54,6 +54,7 @@ def test_off_words_switch_the_autoload_off_and_only_they(monkeypatch: pytest.Mon
 # -- 3. checkpoints ----------------------------------------------------------------------------
 def _checkpoint(model: object, **fields: object) -> Checkpoint:
     doc: dict = {"config": {}, "round": 1, "model": model, "aggregator": {"round": 1}}
+    fields.setdefault("host", "fedlab")
     return Checkpoint(participations=fields.pop("participations", {}), **doc, **fields)  # type: ignore[arg-type]
 
 

@@ -134,5 +134,5 @@ def test_a_run_shorter_than_the_limit_that_aggregated_nothing_still_fails(tmp_pa
     assert done.returncode == 1, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
         "fedbalance run: failed: fedlab: 2 round(s) recorded, none aggregated: the model is the "
-        "initial one (see out/aggregations.jsonl and the warnings above)"
+        "initial one (the warnings above say why); see out/aggregations.jsonl"
     )

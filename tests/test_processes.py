@@ -1,4 +1,4 @@
-"""The one supervisor of a run's processes (``fl_adapters.processes.watch``) and the one wait
+"""The one supervisor of a run's processes (``fl_adapters.run.processes.watch``) and the one wait
 for a server's port (``wait_listening``), on real processes and sockets."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from fl_adapters.processes import free_ports, wait_listening, watch
+from fl_adapters.run.processes import free_ports, wait_listening, watch
 
 
 def python(code: str) -> subprocess.Popen[bytes]:

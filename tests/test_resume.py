@@ -30,7 +30,7 @@ from fl_adapters.checkpoint import Checkpoint, CheckpointError
 from fl_adapters.cli import main
 from fl_adapters.config import RunConfig
 from fl_adapters.fedlab.runner import run_standalone
-from fl_adapters.processes import free_ports
+from fl_adapters.run.processes import free_ports
 
 
 def config(**overrides: object) -> RunConfig:
@@ -186,24 +186,23 @@ def test_resume_needs_the_metrics_the_run_wrote(tmp_path: Path) -> None:
 def test_a_checkpoint_of_another_host_is_refused_naming_both(
     writer: str, reader: str, tmp_path: Path
 ) -> None:
-    """Every checkpoint names its host; one written before that is told by its contents."""
+    """Every checkpoint names the host that wrote it; none can be written without."""
     from types import SimpleNamespace
 
     from fl_adapters.fedml import checkpoint as fedml_checkpoint
 
     model = torch.zeros(3) if writer == "fedlab" else {"w": torch.zeros(3)}
-    for host in (writer, None):  # named, then as an older checkpoint (told by its contents)
-        Checkpoint(
-            config={"host": "flower"} if writer == "flower" else {}, round=1, model=model,
-            aggregator={}, participations={}, host=host,
-        ).save(tmp_path / "checkpoint.pt")  # fmt: skip
-        labels = {"fedlab": "FedLab", "fedml": "FedML", "flower": "Flower"}
-        message = f"written by a {labels[writer]} run; this is a {labels[reader]} run"
-        with pytest.raises(CheckpointError, match=message):
-            if reader == "fedlab":
-                run_standalone(config(), tmp_path, progress=False, resume=True)
-            else:
-                fedml_checkpoint.load(SimpleNamespace(resume_from=str(tmp_path)))
+    fields = dict(config={}, round=1, model=model, aggregator={}, participations={})
+    with pytest.raises(ValueError, match="names the host that writes it"):
+        Checkpoint(**fields).save(tmp_path / "checkpoint.pt")  # type: ignore[arg-type]
+    Checkpoint(**fields, host=writer).save(tmp_path / "checkpoint.pt")  # type: ignore[arg-type]
+    labels = {"fedlab": "FedLab", "fedml": "FedML", "flower": "Flower"}
+    message = f"written by a {labels[writer]} run; this is a {labels[reader]} run"
+    with pytest.raises(CheckpointError, match=message):
+        if reader == "fedlab":
+            run_standalone(config(), tmp_path, progress=False, resume=True)
+        else:
+            fedml_checkpoint.load(SimpleNamespace(resume_from=str(tmp_path)))
 
 
 def test_an_astraea_plan_other_than_the_checkpoints_is_refused() -> None:

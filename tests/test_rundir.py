@@ -1,4 +1,4 @@
-"""The run's records (``fl_adapters.rundir.RunFiles``), the same on every host."""
+"""The run's records (``fl_adapters.run.directory.RunFiles``), the same on every host."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from fl_adapters.checkpoint import CheckpointError
-from fl_adapters.rundir import RunFiles
+from fl_adapters.run.directory import RunFiles
 
 
 def agg(rnd: int, **extra: object) -> str:
@@ -115,7 +115,7 @@ def test_a_run_still_in_its_first_round_is_in_use_not_stopped(tmp_path: Path) ->
     second run is told the directory is in use, never that the first one stopped."""
     import fcntl
 
-    from fl_adapters.rundir import LOCK, RunDirError, claim
+    from fl_adapters.run.directory import LOCK, RunDirError, claim
 
     out = tmp_path / "out"
     out.mkdir()
@@ -147,7 +147,7 @@ from fl_adapters.checkpoint import Checkpoint, CheckpointError
 out = Path(sys.argv[1])
 def ckpt(rnd, size):
     return Checkpoint(config={}, round=rnd, model={"w": torch.zeros(size)}, aggregator={},
-                      participations={}, sampler=None)
+                      participations={}, sampler=None, host="fedml")
 ckpt(1, 10).save(out / "checkpoint.pt")
 # A disk that fills up: writes past 64 kB fail (EFBIG, SIGXFSZ ignored), as ENOSPC would.
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fl_adapters.config import ConfigError, RunConfig, RunFailed
-from fl_adapters.processes import loopback_env, port_problem, watch
-from fl_adapters.rundir import RunFiles
+from fl_adapters.config import ConfigError, RunConfig
+from fl_adapters.run.directory import RunFiles
+from fl_adapters.run.lifecycle import RUN_TIMEOUT, watched
+from fl_adapters.run.processes import loopback_env, port_problem, start_logged, stop
 from fl_checks import ParameterError
 
 if TYPE_CHECKING:
@@ -53,8 +54,7 @@ def load_checkpoint(config: RunConfig, out_dir: Path) -> Checkpoint:
     from fl_adapters.checkpoint import Checkpoint
 
     path = RunFiles(out_dir).checkpoint
-    ckpt = Checkpoint.load(path)
-    ckpt.check_host("fedlab", path)
+    ckpt = Checkpoint.open(path, "fedlab")
     ckpt.check_config(config.to_dict(), path)
     return ckpt
 
@@ -64,13 +64,15 @@ def run_distributed(
     out_dir: Path,
     client_processes: int = 2,
     config_path: Path | None = None,
-    timeout: float = 3600,
+    timeout: float = RUN_TIMEOUT,
     resume: bool = False,
 ) -> dict[str, Any]:
     """Launch one server and ``client_processes`` client processes on 127.0.0.1 and wait.
 
-    If any process dies, the others are stopped and the error names the checkpoint of the
-    last completed round; ``resume=True`` continues from it.
+    Each process logs to its own file in ``out_dir`` (``fedlab-server.log``,
+    ``fedlab-client-rank<R>.log``). If any process dies, the others are stopped and the error
+    names its log and the checkpoint of the last completed round; ``resume=True`` continues
+    from it.
     """
     check_processes(config, client_processes)
     check_port(config)
@@ -93,14 +95,17 @@ def run_distributed(
     if resume:
         server.append("--resume")
         client += ["--resume-from", str(files.checkpoint)]
-    procs = [("server", subprocess.Popen(server, env=env))]  # it aggregates and records
-    procs += [
-        (f"client process rank {r}", subprocess.Popen([*client, "--rank", str(r)], env=env))
-        for r in range(1, world)
-    ]
-    failed = watch(procs, timeout)  # server first: its death explains the clients'
-    if failed is not None:
-        from fl_adapters.checkpoint import resume_hint
-
-        raise RunFailed(f"fedlab-distributed: {failed}{resume_hint(out_dir)}")
+    logs = [out_dir / "fedlab-server.log"]
+    logs += [out_dir / f"fedlab-client-rank{r}.log" for r in range(1, world)]
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    try:
+        procs.append(("server", start_logged(server, logs[0], env=env)))  # aggregates, records
+        for r in range(1, world):
+            argv = [*client, "--rank", str(r)]
+            procs.append((f"client process rank {r}", start_logged(argv, logs[r], env=env)))
+    except BaseException:
+        for _, proc in procs:
+            stop(proc)
+        raise
+    watched(procs, timeout, "fedlab-distributed", out_dir, logs)  # server first: it explains
     return json.loads(files.summary.read_text())

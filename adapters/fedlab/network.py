@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from fedlab.core.network import DistNetwork
 
-from fl_adapters.processes import is_loopback, loopback_interface, port_problem
+from fl_adapters.run.processes import is_loopback, loopback_interface, port_problem
 from fl_checks import ParameterError
 
 #: torch.distributed's own default for gloo: how long the ranks wait for each other to join.

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from fedlab.utils import SerializationTool
 
-from fl_adapters._training import evaluate, evaluated_clients, evaluates
+from fl_adapters import bias
+from fl_adapters._training import evaluate_counts, evaluated_clients, evaluates
 from fl_adapters.astraea import label_counts
 from fl_adapters.checkpoint import (
     Checkpoint,
@@ -46,7 +47,7 @@ from fl_adapters.fedlab.handler import FedBalanceServerHandler
 from fl_adapters.fedlab.launch import check_processes, load_checkpoint
 from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer, LocalConfig, UplinkHook
 from fl_adapters.registry import build_aggregator, get_registry
-from fl_adapters.rundir import RunFiles
+from fl_adapters.run.directory import RunFiles
 from fl_aggregators import AggregationResult
 from fl_aggregators.astraea_plan import client_kl, mediator_kl
 from fl_checks import ParameterError
@@ -91,7 +92,7 @@ def build(config: RunConfig) -> Experiment:
 
 class MetricsWriter:
     """Evaluates the global model after each aggregation and writes the run's records
-    (:class:`~fl_adapters.rundir.RunFiles`: fresh, or cut back to ``resume_from``'s round)."""
+    (:class:`~fl_adapters.run.directory.RunFiles`: fresh, or cut back to ``resume_from``'s round)."""
 
     def __init__(
         self,
@@ -135,14 +136,32 @@ class MetricsWriter:
                 disable=None,
             )
 
-    def evaluation_data(self, round_number: int) -> list[Any]:
-        """What round ``round_number`` is evaluated on: the test set, or the test (``eval_data:
-        val``: validation) splits of the clients :func:`evaluated_clients` draws."""
+    def evaluation_data(self, round_number: int) -> dict[Any, Any]:
+        """What round ``round_number`` is evaluated on: the test set (one part, ``"test"``),
+        or the test (``eval_data: val``: validation) splits of the clients
+        :func:`evaluated_clients` draws, by client."""
         if self.test is not None:
-            return self.test
+            return {"test": self.test[0]}
         cfg, data = self.exp.config, self.exp.data
         chosen = evaluated_clients(data.num, cfg.eval_fraction, cfg.seed, round_number)
-        return [data.get_dataset(c, metric_prefix(cfg)) for c in chosen]
+        return {c: data.get_dataset(c, metric_prefix(cfg)) for c in chosen}
+
+    def evaluate(self, model: Any, round_number: int) -> dict[str, Any]:
+        """Round ``round_number``'s evaluation: loss, accuracy and samples (prefixed ``test_``
+        or ``val_``), the class figures and, on clients' data, the client figures
+        (:mod:`fl_adapters.bias`), from one pass over each part; each client's accuracy goes
+        to ``clients.jsonl``."""
+        parts = self.evaluation_data(round_number)
+        per = {c: evaluate_counts(model, ds) for c, ds in parts.items()}
+        counts = bias.total(list(per.values()))
+        pre = metric_prefix(self.exp.config)
+        row: dict[str, Any] = {f"{pre}_loss": counts.loss, f"{pre}_accuracy": counts.accuracy}
+        row[f"{pre}_samples"] = counts.n
+        row.update(bias.class_figures(counts, self.exp.num_classes))
+        if self.test is None:
+            row.update(bias.client_figures(per))
+            self.files.add_clients(round_number, bias.client_accuracies(per))
+        return row
 
     def __call__(
         self,
@@ -161,9 +180,7 @@ class MetricsWriter:
             "skipped": result.skipped,
         }
         if evaluates(rnd, self.exp.config.eval_every, self.exp.config.rounds):
-            loss, acc, n = evaluate(handler.model, self.evaluation_data(rnd))
-            pre = metric_prefix(self.exp.config)
-            row.update({f"{pre}_loss": loss, f"{pre}_accuracy": acc, f"{pre}_samples": n})
+            row.update(self.evaluate(handler.model, rnd))
         # bounded: clients whose count or loss a bound lowered; update_scale: update_clip's cuts
         row.update({k: result.extra[k] for k in ("bounded", "update_scale") if k in result.extra})
         traffic = result.extra.get("bytes")
@@ -413,7 +430,7 @@ def run_client(
     else:
         trainer = FedBalanceSerialTrainer(exp.model, exp.data, exp.local, client_ids=ids)
     if resume_from is not None:
-        ckpt = Checkpoint.load(resume_from)
+        ckpt = Checkpoint.open(resume_from, "fedlab")
         ckpt.check_config(config.to_dict(), resume_from)
         trainer.participations = {c: k for c, k in ckpt.participations.items() if c in ids}
     network = BoundNetwork((host, str(config.port)), world_size=world_size, rank=rank)

@@ -36,7 +36,7 @@ class LocalConfig:
     lr: float = 1e-3
     seed: int = 0
     #: The client metrics the aggregator asks for (:mod:`fl_adapters.client_metrics`).
-    metrics: tuple[str, ...] = ("val_loss",)
+    metrics: tuple[str, ...] = ()
 
 
 def train_client(

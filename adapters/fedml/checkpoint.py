@@ -79,8 +79,7 @@ def load(args: Any) -> Checkpoint:
     path = resume_path(args)
     if path is None:
         raise CheckpointError("resume_from is not set")
-    ckpt = Checkpoint.load(path)
-    ckpt.check_host("fedml", path)
+    ckpt = Checkpoint.open(path, "fedml")
     refuse_changes(path, ckpt.config, run_fields(args), SAME, may_change=MAY_CHANGE)
     ckpt.check_rounds("comm_round", int(getattr(args, "comm_round", 0)))
     return ckpt

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 # Moved to the host-free module (the Flower runner uses it too); kept importable from here.
-from fl_adapters.processes import free_ports as free_ports
-from fl_adapters.processes import port_problem as port_problem
-from fl_adapters.processes import wait_listening
+from fl_adapters.run.processes import free_ports as free_ports
+from fl_adapters.run.processes import port_problem as port_problem
+from fl_adapters.run.processes import wait_listening
 from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)

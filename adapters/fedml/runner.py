@@ -20,12 +20,13 @@ import yaml
 
 from fl_adapters import autoload
 from fl_adapters._training import evaluates
-from fl_adapters.checkpoint import Checkpoint, resume_hint
-from fl_adapters.config import ConfigError, RunConfig, RunFailed
-from fl_adapters.experiment import run_summary
+from fl_adapters.checkpoint import Checkpoint
+from fl_adapters.config import ConfigError, RunConfig
 from fl_adapters.fedml.adapter import HOSTS, check_resume
 from fl_adapters.fedml.ipconfig import require_grpcio, write_ipconfig
-from fl_adapters.processes import (
+from fl_adapters.run.directory import RunFiles
+from fl_adapters.run.lifecycle import RUN_TIMEOUT, failed, finish
+from fl_adapters.run.processes import (
     free_ports,
     loopback_env,
     loopback_preload,
@@ -34,7 +35,6 @@ from fl_adapters.processes import (
     watch,
     with_preload,
 )
-from fl_adapters.rundir import RunFiles
 from fl_aggregators.record import ENV, RUN_ENV
 
 #: ``framework`` -> FedML's ``(training_type, backend)`` (``backend: grpc`` changes the latter).
@@ -138,7 +138,7 @@ def command(config: RunConfig, cfg_path: Path) -> list[str]:
 
 
 def run_fedml(
-    config: RunConfig, out_dir: Path, timeout: float = 3600, resume: bool = False
+    config: RunConfig, out_dir: Path, timeout: float = RUN_TIMEOUT, resume: bool = False
 ) -> dict[str, Any]:
     started = time.monotonic()
     if autoload.disabled():
@@ -176,15 +176,15 @@ def run_fedml(
     # (and anything else meant for every interface) to loopback.
     env = with_preload(env, loopback_preload())
     proc = start_logged(command(config, cfg_path), log_path, cwd=out_dir, env=env)  # and its ranks
-    failed = watch([("FedML", proc)], timeout)
-    if failed is not None:
+    failure = watch([("FedML", proc)], timeout)
+    if failure is not None:
         dead = mpi_casualty(log_path.read_text(errors="replace"))
         what = (
-            f"{failed}{f' ({dead})' if dead else ''} after {progress(config, files)}"
-            if failed.who is not None
-            else f"FedML: {failed} (stopped after {progress(config, files)})"  # the deadline
+            f"{failure}{f' ({dead})' if dead else ''} after {progress(config, files)}"
+            if failure.who is not None
+            else f"FedML: {failure} (stopped after {progress(config, files)})"  # the deadline
         )
-        raise RunFailed(f"{what}; see {log_path}{resume_hint(out_dir, log_path)}")
+        raise failed(what, out_dir, log_path)
     return collect(config, files, elapsed_s=time.monotonic() - started)
 
 
@@ -200,7 +200,7 @@ def mpi_casualty(log: str) -> str | None:
 def keep_completed_rounds(config: RunConfig, files: RunFiles) -> None:
     """Before a resume: the stopped run's rows up to its checkpoint into ``metrics.jsonl``, its
     log set aside (``fedml.log.<N>``), its recorder lines after the checkpoint dropped."""
-    done = Checkpoint.load(files.checkpoint).round  # a missing or foreign file is a clear error
+    done = Checkpoint.open(files.checkpoint, "fedml").round  # missing or foreign: a clear error
     rows = files.kept_rows(collect_rows(config, files), done)
     files.start(done)
     files.write_rows(rows)
@@ -236,13 +236,16 @@ def run_grpc(
         for _, proc in procs:
             stop(proc)
         raise
-    failed = watch(procs, timeout)
-    if failed is not None:
-        dead = next((r for r, name in names.items() if name == failed.who), 0)
-        raise RunFailed(
-            f"FedML cross-silo over gRPC: {failed} after "
-            f"{progress(config, files)}; every other process was "
-            f"stopped. See {logs[dead]}{resume_hint(out_dir, *logs.values())}"
+    failure = watch(procs, timeout)
+    if failure is not None:
+        dead = next((r for r, name in names.items() if name == failure.who), 0)
+        others = [log for rank, log in logs.items() if rank != dead]
+        raise failed(
+            f"FedML cross-silo over gRPC: {failure} after {progress(config, files)}; every "
+            "other process was stopped",
+            out_dir,
+            logs[dead],
+            *others,
         )
 
 
@@ -273,6 +276,4 @@ def collect_rows(config: RunConfig, files: RunFiles) -> list[dict[str, Any]]:
 def collect(config: RunConfig, files: RunFiles, elapsed_s: float | None = None) -> dict[str, Any]:
     """``metrics.jsonl`` and ``summary.json`` from the recorder and FedML's log (and the run's
     wall time, ``elapsed_s``, as the other hosts write it)."""
-    rows = collect_rows(config, files)
-    files.write_rows(rows)
-    return files.finish(run_summary(config, rows, elapsed_s))
+    return finish(config, files, collect_rows(config, files), elapsed_s)

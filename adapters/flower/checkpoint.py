@@ -43,8 +43,7 @@ def load(
     before it starts Flower; the strategy then checks its own as well)."""
     path = Path(where).expanduser()  # the file itself, else the directory's checkpoint.pt
     path = path if path.is_file() or path.suffix == ".pt" else path / NAME
-    ckpt = Checkpoint.load(path)
-    ckpt.check_host(HOST, path)
+    ckpt = Checkpoint.open(path, HOST)
     keys = set(run) if partial else set(run) | set(ckpt.config)
     refuse_changes(path, ckpt.config, run, keys, may_change=MAY_CHANGE)
     ckpt.check_rounds(f"{WHERE} {ROUNDS_KEY}", rounds)

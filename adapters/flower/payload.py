@@ -28,11 +28,16 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
+from fl_adapters.bias import MAX_CLASSES, Counts
 from fl_aggregators import ClientUpdate
+from fl_checks import shown
 
 log = logging.getLogger(__name__)
 
 NUM_EXAMPLES = "num-examples"
+#: An evaluate reply's per-class counts (:func:`~fl_adapters.flower.trainer.evaluate_reply`):
+#: samples and correct predictions per class, which the strategy sums into the bias figures.
+CLASS_TOTAL, CLASS_CORRECT = "class-total", "class-correct"
 #: A train message's config key: the client metrics the strategy's aggregator reads, by name
 #: (:mod:`fl_adapters.client_metrics`). A message without it (a stock strategy's) gets all.
 CLIENT_METRICS_KEY = "client-metrics"
@@ -204,3 +209,50 @@ def weighted_metrics(updates: list[Any], weights: list[float]) -> dict[str, floa
                 sums[key] = sums.get(key, 0.0) + w * float(value)
                 mass[key] = mass.get(key, 0.0) + w
     return {key: total / mass[key] for key, total in sums.items()}
+
+
+def take_counts(msg: Message) -> tuple[Counts | None, Any, str | None]:
+    """An evaluate reply's per-class counts, removed from its metrics (Flower's weighted
+    average must not average them), with the reply's ``client-id`` (removed too): ``(counts,
+    client, None)``; ``(None, client, None)`` for a reply without counts (a stock ClientApp's);
+    ``(None, client, why)`` for counts that cannot be believed: not whole non-negative numbers,
+    more than :data:`~fl_adapters.bias.MAX_CLASSES` classes or 2**53 samples, vectors of
+    different lengths, more correct than seen, or not adding up to ``num-examples``."""
+    records = [] if msg.has_error() else list(msg.content.metric_records.values())
+    if not records:
+        return None, None, None
+    record = records[0]
+    client = record.pop(CLIENT_ID, None)
+    raw = [record.pop(k, None) for k in (CLASS_TOTAL, CLASS_CORRECT)]
+    if raw == [None, None]:
+        return None, client, None
+    problem = _counts_problem(raw, record.get(NUM_EXAMPLES))
+    if problem is not None:
+        return None, client, problem
+    seen, right = (np.asarray(v, dtype=np.int64) for v in raw)
+    return Counts(0.0, seen, right), client, None
+
+
+def _counts_problem(raw: list[Any], num_examples: Any) -> str | None:
+    for key, value in zip((CLASS_TOTAL, CLASS_CORRECT), raw, strict=True):
+        if not isinstance(value, list) or len(value) > MAX_CLASSES:
+            return f"{key} must be a list of at most {MAX_CLASSES} counts, got {shown(value)}"
+        if not all(
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and v == int(v)
+            and 0 <= v < 2**53
+            for v in value
+        ):
+            return f"{key} must hold whole numbers in [0, 2**53), got {shown(value)}"
+    seen, right = raw
+    if len(seen) != len(right):
+        return f"{CLASS_TOTAL} and {CLASS_CORRECT} differ in length ({len(seen)}, {len(right)})"
+    if any(r > s for s, r in zip(seen, right, strict=True)):
+        return f"{CLASS_CORRECT} exceeds {CLASS_TOTAL} for a class"
+    if num_examples != sum(int(s) for s in seen):
+        return (
+            f"{CLASS_TOTAL} sums to {sum(int(s) for s in seen)}, not num-examples {num_examples!r}"
+        )
+    return None

@@ -44,15 +44,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_adapters.checkpoint import resume_hint
-from fl_adapters.config import ConfigError, RunConfig, RunFailed
-from fl_adapters.experiment import check, run_summary
+from fl_adapters.config import ConfigError, RunConfig
+from fl_adapters.experiment import check
 from fl_adapters.flower import checkpoint
 from fl_adapters.flower.config import CHECKPOINT_KEY, EVAL_EVERY_KEY, EVAL_FRACTION_KEY, RESUME_KEY
 from fl_adapters.flower.membership import MEMBERS_ENV, write_members
 from fl_adapters.flower.pki import RunKeys, make_run_keys
 from fl_adapters.flower.superlink import write_cli_credentials
-from fl_adapters.processes import (
+from fl_adapters.run.directory import RunFiles
+from fl_adapters.run.lifecycle import RUN_TIMEOUT, failed, finish, watched
+from fl_adapters.run.processes import (
     free_ports,
     kill_all,
     matching,
@@ -61,7 +62,6 @@ from fl_adapters.processes import (
     wait_listening,
     watch,
 )
-from fl_adapters.rundir import RunFiles
 from fl_aggregators.record import RUN_ENV
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ def check_simulation_env() -> None:
 
 
 def run_flower(
-    config: RunConfig, out_dir: Path, *, timeout: float = 24 * 3600, resume: bool = False
+    config: RunConfig, out_dir: Path, *, timeout: float = RUN_TIMEOUT, resume: bool = False
 ) -> dict[str, Any]:
     """Run ``config`` on Flower; ``metrics.jsonl`` and ``summary.json`` in ``out_dir``.
 
@@ -373,26 +373,30 @@ def run_flower(
                 timeout=timeout,
             )
         except DeploymentFailed as e:
-            raise RunFailed(f"Flower deployment: {e}{resume_hint(out_dir)}") from e
+            raise failed(f"Flower deployment: {e}", out_dir) from e  # e names the log
         log_path = work / "flwr-run.log"
     elif config.framework == "flower":
         argv = [sys.executable, "-m", "fl_adapters.flower.app.simulate"]
         argv += ["--num-supernodes", str(config.num_clients), "--run-config", str(overrides)]
         log_path = out_dir / "flower-simulation.log"
         proc = start_logged(argv, log_path, env={**os.environ, **env})  # Ray's in its group
-        failed = watch([("the Flower simulation", proc)], timeout)  # stops Ray's too
-        if failed is not None:
-            raise RunFailed(f"{failed} (log: {log_path}){resume_hint(out_dir, log_path)}")
+        watched([("the Flower simulation", proc)], timeout, "flower", out_dir, [log_path])
     else:
         raise ConfigError(f"framework must be flower or flower-deployment, got {config.framework}")
     if not (out_dir / "app" / "summary.json").exists():
         # `flwr run` exits 0 whatever the ServerApp did (and a simulation may too): the app's
         # results are the proof it finished, its log says why not.
-        raise RunFailed(
-            f"Flower {config.framework}: the ServerApp ended without its results (log: "
-            f"{log_path}){resume_hint(out_dir, log_path)}"
+        raise failed(
+            f"{config.framework}: the ServerApp ended without its results", out_dir, log_path
         )
     return collect(config, files, elapsed_s=time.monotonic() - started)
+
+
+#: The bias figures (:mod:`fl_adapters.bias`) a row takes from the strategy's evaluate metrics.
+BIAS_KEYS = (
+    "balanced_accuracy", "class_recall", "worst_class", "worst_class_recall", "client_acc_mean",
+    "client_acc_std", "client_acc_min", "client_acc_p10", "client_acc_p90", "clients_evaluated",
+)  # fmt: skip
 
 
 def collect(config: RunConfig, files: RunFiles, elapsed_s: float | None = None) -> dict[str, Any]:
@@ -405,9 +409,15 @@ def collect(config: RunConfig, files: RunFiles, elapsed_s: float | None = None) 
     """
     evaluate = json.loads((files.out / "app" / "summary.json").read_text())["evaluate"]
     rows = files.aggregation_rows()
+    clients: dict[int, dict[str, float | None]] = {}
     for row in rows:
         metrics = evaluate.get(str(row["round"]))
         if metrics is not None:
             row.update(test_accuracy=metrics["eval_acc"], test_loss=metrics["eval_loss"])
-    files.write_rows(rows)
-    return files.finish(run_summary(config, rows, elapsed_s))
+            if "class_recall" in metrics:  # fedbalance's strategy, counts from the ClientApp
+                row.update({k: metrics.get(k) for k in BIAS_KEYS})
+            ids, accs = metrics.get("client_ids"), metrics.get("client_accuracy")
+            if ids is not None and accs is not None:
+                clients[row["round"]] = {str(c): a for c, a in zip(ids, accs, strict=True)}
+    files.write_clients(clients)
+    return finish(config, files, rows, elapsed_s)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -29,6 +30,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
+from fl_adapters import bias
 from fl_adapters._training import evaluates
 from fl_adapters.checkpoint import NAME, Checkpoint, restore_sampler, sampler_state
 from fl_adapters.client_metrics import requested
@@ -42,6 +44,7 @@ from fl_adapters.flower.payload import (
     content_order,
     log_errors,
     reply_to_update,
+    take_counts,
     to_array_record,
     to_state_dict,
     weighs_nothing,
@@ -371,14 +374,16 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Flower's weighted evaluation metrics; the round is complete (checkpointed here
-        unless ``start`` was given an ``evaluate_fn``, which then comes last)."""
+        """Flower's weighted evaluation metrics, with the bias figures of the replies' class
+        counts (:func:`bias_metrics`); the round is complete (checkpointed here unless
+        ``start`` was given an ``evaluate_fn``, which then comes last)."""
         server_round += self.round_offset
         # Replies arrive in any order, and Flower sums them in that order: ordered by content,
         # the same replies give the same averages to the last bit. A node without test data
         # (weight 0) is left out: its NaN loss times 0 is NaN in Flower's weighted sum, and a
         # round where every node has none would divide by zero.
         replies = sorted(replies, key=content_order)
+        figures = bias_metrics(server_round, replies)  # takes the counts out of the replies
         kept = [m for m in replies if not weighs_nothing(m, self.weighted_by_key)]
         if len(kept) < len(replies):
             log.info(
@@ -387,6 +392,9 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
                 len(replies) - len(kept),
             )
         metrics = super().aggregate_evaluate(server_round, kept) if kept else None
+        if figures:
+            metrics = metrics if metrics is not None else MetricRecord()
+            metrics.update(figures)
         if metrics is not None:
             self.history["evaluate"][server_round] = dict(metrics)
         if self._evaluate_fn is None:
@@ -547,3 +555,43 @@ def strategy_from_run_config(
 
         return AstraeaStrategy(agg, **kwargs)
     return FedBalanceStrategy(agg, **kwargs)
+
+
+def bias_metrics(server_round: int, replies: list[Message]) -> dict[str, Any]:
+    """The bias figures (:mod:`fl_adapters.bias`) of a round's evaluate replies, as Flower
+    metrics: the class figures of their summed class counts, the distribution of the nodes'
+    accuracies, and each node's accuracy (``client_ids``, ``client_accuracy``). A class absent
+    from every reply has recall NaN (Flower's metrics hold no null). Counts that cannot be
+    believed, or a client id given twice, are left out by name (logged); replies without counts
+    (a stock ClientApp's) give nothing."""
+    per: dict[Any, bias.Counts] = {}
+    claimed: dict[Any, list[int]] = {}  # client -> the nodes reporting it
+    for msg in replies:
+        counts, client, problem = take_counts(msg)
+        who = client if isinstance(client, int) else msg.metadata.src_node_id
+        if problem is not None:
+            log.warning("evaluate round %s: node %s left out of the bias figures: %s",
+                        server_round, msg.metadata.src_node_id, problem)  # fmt: skip
+        elif counts is not None:
+            per[who] = counts
+            claimed.setdefault(who, []).append(msg.metadata.src_node_id)
+    for who, nodes in claimed.items():
+        if len(nodes) > 1:  # which one is the client cannot be told: neither counts
+            del per[who]
+            log.warning("evaluate round %s: nodes %s left out of the bias figures: each "
+                        "reported client %s", server_round, nodes, who)  # fmt: skip
+    if not per:
+        return {}
+    per = dict(sorted(per.items()))
+    figures = bias.class_figures(bias.total(list(per.values()))) | bias.client_figures(per)
+    out: dict[str, Any] = {
+        k: v for k, v in figures.items() if v is not None and k != "class_recall"
+    }
+    out["class_recall"] = [math.nan if r is None else r for r in figures["class_recall"]]
+    accs = bias.client_accuracies(per)
+    out["client_ids"] = [int(c) for c in accs]
+    out["client_accuracy"] = [math.nan if a is None else a for a in accs.values()]
+    log.info("evaluate round %s: balanced accuracy %s, worst class %s (recall %s), client p10 %s",
+             server_round, figures["balanced_accuracy"], figures["worst_class"],
+             figures["worst_class_recall"], figures["client_acc_p10"])  # fmt: skip
+    return out

@@ -31,13 +31,17 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 from fl_adapters._training import (
     check_sample,
     evaluate,
+    evaluate_counts,
     num_samples,
     stream_seed,
     training_clock,
 )
+from fl_adapters.bias import Counts
 from fl_adapters.client_metrics import CLIENT_METRICS, measure
 from fl_adapters.flower.config import SEED_KEY
 from fl_adapters.flower.payload import (
+    CLASS_CORRECT,
+    CLASS_TOTAL,
     CLIENT_ID,
     CLIENT_METRICS_KEY,
     METRICS,
@@ -198,24 +202,31 @@ def evaluate_reply(
     split: Sequence[float] = DEFAULT_SPLIT,
     keys: tuple[str, str] | None = None,
 ) -> Message:
-    """Loss and accuracy of the message's global model on the client's test split.
+    """Loss and accuracy of the message's global model on the client's test split, with the
+    per-class counts fedbalance's strategy turns into the bias figures.
 
-    ``data``, ``split`` and ``keys`` as :func:`train_reply` takes them. A client without test
-    data replies ``num-examples`` 0 with loss and accuracy 0 (not NaN): weight 0 then adds
-    nothing to an average weighted by ``num-examples``, even Flower's own.
+    ``data``, ``split`` and ``keys`` as :func:`train_reply` takes them. The reply's
+    ``MetricRecord`` holds ``num-examples``, ``eval_loss``, ``eval_acc``, ``client-id`` and,
+    from the same pass, ``class-total`` and ``class-correct`` (samples and correct predictions
+    per class, one entry per model output). A client without test data replies
+    ``num-examples`` 0 with loss and accuracy 0 (not NaN): weight 0 then adds nothing to an
+    average weighted by ``num-examples``, even Flower's own.
     """
     model.load_state_dict(global_state(msg))
     test = client_splits(context, data, split).get("test")
     if test is not None:
         check_sample(test, keys)
-    loss, acc, n = evaluate(model, test, keys=keys) if test is not None else (0.0, 0.0, 0)
+    counts = evaluate_counts(model, test, keys=keys) if test is not None else Counts()
+    n = counts.n
+    loss, acc = (counts.loss, counts.accuracy) if n else (0.0, 0.0)
+    client = partition_id(context)
     if n == 0:
-        log.warning(
-            "client %s has an empty test split; it reports num-examples 0", partition_id(context)
-        )
-        loss, acc = 0.0, 0.0
-    metrics = MetricRecord({NUM_EXAMPLES: n, "eval_loss": loss, "eval_acc": acc})
-    return Message(content=RecordDict({METRICS: metrics}), reply_to=msg)
+        log.warning("client %s has an empty test split; it reports num-examples 0", client)
+    values: dict[str, Any] = {NUM_EXAMPLES: n, "eval_loss": loss, "eval_acc": acc}
+    values |= {CLASS_TOTAL: counts.total.tolist(), CLASS_CORRECT: counts.correct.tolist()}
+    if client is not None:
+        values[CLIENT_ID] = client
+    return Message(content=RecordDict({METRICS: MetricRecord(values)}), reply_to=msg)
 
 
 def identify_reply(msg: Message, context: Context) -> Message:

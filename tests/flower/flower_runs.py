@@ -109,7 +109,7 @@ def assert_same_run(resumed: dict[str, Any], whole: dict[str, Any]) -> None:
 def simulate_process(argv: list[str], cwd: Path, record: Path, timeout: float = 400) -> str:
     """Run a simulation process (its own session, Ray's processes killed after) that must
     succeed, with the aggregation record at ``record``; returns its output."""
-    from fl_adapters.processes import stop
+    from fl_adapters.run.processes import stop
 
     env = {**os.environ, "FEDBALANCE_RECORD": str(record)}
     proc = subprocess.Popen(

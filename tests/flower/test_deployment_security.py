@@ -41,7 +41,7 @@ from fl_adapters.flower.runner import FEDERATION, IP, Deployment, run_deployment
 from fl_adapters.flower.secure import SecAggPlusStrategy
 from fl_adapters.flower.strategy import FedBalanceStrategy
 from fl_adapters.flower.superlink import write_cli_credentials
-from fl_adapters.processes import free_ports, stop
+from fl_adapters.run.processes import free_ports, stop
 from fl_aggregators import UPDATE_NORM
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_adapters.processes import kill_all, matching
+from fl_adapters.run.processes import kill_all, matching
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "hosts" / "flower.md"

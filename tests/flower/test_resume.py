@@ -112,7 +112,7 @@ def test_a_checkpoint_of_another_host_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.pt"
     Checkpoint(
         config={"dataset": "digits"}, round=1, model=torch.zeros(3), aggregator={},
-        participations={},
+        participations={}, host="fedlab",
     ).save(path)  # fmt: skip
     with pytest.raises(CheckpointError, match="written by a FedLab run; this is a Flower run"):
         checkpoint.load(tmp_path, checkpoint.identity({}), rounds=3)
@@ -121,7 +121,12 @@ def test_a_checkpoint_of_another_host_is_refused(tmp_path: Path) -> None:
 def test_a_run_shorter_than_its_checkpoint_is_refused(tmp_path: Path) -> None:
     run = checkpoint.identity({"seed": 1, "num-server-rounds": 3})
     Checkpoint(
-        config=run, round=2, model={"w": torch.ones(2)}, aggregator={}, participations={}
+        config=run,
+        round=2,
+        model={"w": torch.ones(2)},
+        aggregator={},
+        participations={},
+        host="flower",
     ).save(tmp_path / "checkpoint.pt")
     assert checkpoint.load(tmp_path, run, rounds=2).round == 2
     with pytest.raises(CheckpointError, match=r"at least the checkpoint's round \(2\).*got 1"):
@@ -142,7 +147,7 @@ def test_what_may_change_on_resume_is_the_host_specs(tmp_path: Path) -> None:
     written = {"seed": 1, "eval-every": 1, "num-server-rounds": 2}
     Checkpoint(
         config=checkpoint.identity(written), round=2, model={"w": torch.ones(2)}, aggregator={},
-        participations={},
+        participations={}, host="flower",
     ).save(tmp_path / "checkpoint.pt")  # fmt: skip
     later = checkpoint.identity(written | {"eval-every": 3, "num-server-rounds": 5})
     assert checkpoint.load(tmp_path, later, rounds=5).round == 2

@@ -28,7 +28,7 @@ from fl_adapters._training import TRAIN_CLOCK
 from fl_adapters.flower.app import ACTORS_ENV
 from fl_adapters.flower.app.task import model_of
 from fl_adapters.flower.runner import run_deployment
-from fl_adapters.processes import stop
+from fl_adapters.run.processes import stop
 
 APP = Path(__file__).resolve().parents[2] / "adapters" / "flower" / "app"
 ROUNDS = 2

@@ -189,6 +189,9 @@ class RunFiles:
         self.metrics = out / "metrics.jsonl"
         self.summary = out / "summary.json"
         self.checkpoint = out / "checkpoint.pt"
+        #: One line per evaluated round: each evaluated client's accuracy (``eval_data:
+        #: clients`` or ``val``).
+        self.clients = out / "clients.jsonl"
 
     def start(self, done: int | None) -> Path:
         """Before a run: ``done=None`` removes an earlier run's records; a resume after round
@@ -196,13 +199,26 @@ class RunFiles:
         record and its checkpoint wrote one more) and refuses a record that lacks a round.
         Returns the aggregation record's path."""
         if done is None:
-            for path in (self.record, self.metrics, self.summary, self.checkpoint):
+            for path in (self.record, self.metrics, self.summary, self.checkpoint, self.clients):
                 path.unlink(missing_ok=True)
             return self.record
         kept = [(line, agg) for line, agg in self.aggregations() if agg["round"] <= done]
         self._require_rounds([agg["round"] for _, agg in kept], done, self.record)
         self.record.write_text("".join(line + "\n" for line, _ in kept))
+        if self.clients.is_file():
+            lines = self.clients.read_text().splitlines()
+            self.clients.write_text("".join(x + "\n" for x in lines if _round_of(x) <= done))
         return self.record
+
+    def add_clients(self, round_number: int, accuracies: dict[str, float | None]) -> None:
+        """Round ``round_number``'s line of :attr:`clients`: each evaluated client's accuracy
+        (``null``: no samples)."""
+        with open(self.clients, "a") as fh:
+            fh.write(_clients_line(round_number, accuracies))
+
+    def write_clients(self, rounds: dict[int, dict[str, float | None]]) -> None:
+        """:attr:`clients` from every evaluated round's client accuracies."""
+        self.clients.write_text("".join(_clients_line(r, a) for r, a in sorted(rounds.items())))
 
     def rows(self) -> list[dict[str, Any]]:
         """``metrics.jsonl``'s rows (none before the first round)."""
@@ -240,9 +256,9 @@ class RunFiles:
 
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Write ``summary.json``; returns ``summary``."""
-        from fl_adapters.experiment import finite
+        from fl_aggregators.record import jsonable  # torch: not in a launcher that only waits
 
-        self.summary.write_text(json.dumps(finite(summary), indent=1, allow_nan=False) + "\n")
+        self.summary.write_text(json.dumps(jsonable(summary), indent=1, allow_nan=False) + "\n")
         return summary
 
     def aggregations(self) -> list[tuple[str, dict[str, Any]]]:
@@ -268,3 +284,18 @@ class RunFiles:
                 f"{path} does not hold rounds 1..{done} of the checkpointed run; resume in "
                 "the directory the run wrote"
             )
+
+
+def _round_of(line: str) -> float:
+    """The round of a line of ``clients.jsonl`` (a line cut short by a kill: after any)."""
+    try:
+        return int(json.loads(line)["round"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
+
+
+def _clients_line(round_number: int, accuracies: dict[str, float | None]) -> str:
+    from fl_aggregators.record import jsonable  # torch: not in a launcher that only waits
+
+    line = {"round": round_number, "client_accuracy": accuracies}
+    return json.dumps(jsonable(line), allow_nan=False) + "\n"
