@@ -132,3 +132,30 @@ def user_data_run(work: Path, framework: str) -> dict[str, Any]:
     summary: dict[str, Any] = json.loads((work / "out" / "summary.json").read_text())
     assert summary["rounds"] == 2 and summary["config"]["dataset"] == f"npy:{data}"
     return summary
+
+
+def check_bias_rows(out: Path, evaluated: int | None = None) -> None:
+    """Every evaluated row of ``out``'s ``metrics.jsonl`` holds the bias figures, consistent
+    with each other and with ``clients.jsonl``: the balanced accuracy is the mean of the present
+    classes' recalls, the worst class their minimum, and the client summary is that of the
+    round's line of client accuracies (``evaluated``: how many rows are evaluated)."""
+    import numpy as np
+    import pytest
+
+    rows = [r for r in records(out / "metrics.jsonl") if "test_accuracy" in r]
+    clients = {line["round"]: line["client_accuracy"] for line in records(out / "clients.jsonl")}
+    assert rows and (evaluated is None or len(rows) == evaluated), rows
+    assert sorted(clients) == [r["round"] for r in rows]
+    for row in rows:
+        present = [x for x in row["class_recall"] if x is not None]
+        assert row["balanced_accuracy"] == pytest.approx(float(np.mean(present)))
+        assert row["worst_class_recall"] == min(present)
+        assert row["class_recall"][row["worst_class"]] == min(present)
+        accs = np.array([a for a in clients[row["round"]].values() if a is not None])
+        assert row["clients_evaluated"] == len(accs)
+        assert row["client_acc_mean"] == pytest.approx(accs.mean())
+        assert row["client_acc_min"] == pytest.approx(accs.min())
+        assert row["client_acc_p10"] == pytest.approx(np.percentile(accs, 10))
+        assert row["client_acc_p90"] == pytest.approx(np.percentile(accs, 90))
+        if len(accs) > 1:
+            assert row["client_acc_std"] == pytest.approx(accs.std(ddof=1))

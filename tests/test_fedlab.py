@@ -18,7 +18,7 @@ import yaml
 
 pytest.importorskip("fedlab")
 
-from helpers import digits_run, fedloss_weights, records
+from helpers import check_bias_rows, digits_run, fedloss_weights, records
 
 from fl_adapters.config import RunConfig
 from fl_adapters.fedlab import FedBalancePartitioner, FedBalanceServerHandler, PartitionedDataset
@@ -89,6 +89,7 @@ def test_cross_process_matches_standalone_in_round_one(tmp_path: Path, monkeypat
         assert r["weights"] == pytest.approx(fedloss_weights([m["val_loss"] for m in r["metrics"]]))
     by_client = lambda r: {c: w for c, w in zip(r["clients"], r["weights"], strict=True)}  # noqa: E731
     assert by_client(dist[0]) == pytest.approx(by_client(sa[0]), rel=1e-5)
+    check_bias_rows(tmp_path / "dist", evaluated=3)  # the server evaluates as standalone does
 
 
 def test_the_cross_process_launcher_imports_neither_torch_nor_fedlab() -> None:
@@ -408,3 +409,5 @@ def test_evaluation_every_k_rounds_on_a_seeded_share_of_the_clients(tmp_path: Pa
     assert rows["every"][-1]["test_samples"] == sum(len(s["test"]) for s in splits)
     for a, b in zip(rows["every"], rows["sampled"], strict=True):
         assert (a["clients"], a["weights"]) == (b["clients"], b["weights"])
+    check_bias_rows(tmp_path / "every", evaluated=3)  # all 6 clients every round
+    check_bias_rows(tmp_path / "sampled", evaluated=2)  # 3 of them, rounds 2 and 3

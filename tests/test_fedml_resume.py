@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from helpers import check_fedloss_records, records
+from helpers import check_bias_rows, check_fedloss_records, records
 
 from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError
 from fl_adapters.config import RunConfig
@@ -263,6 +263,7 @@ def test_sp_evaluates_the_rounds_and_clients_eval_every_and_eval_fraction_pick(
     assert "local_test_on_all_clients : 0" not in log
     # fedbalance's own INFO lines reach FedML's log (fedml.init replaces logging.root).
     assert "fedbalance: FedML fedml-sp aggregates with 'fedloss'" in log
+    check_bias_rows(out, evaluated=2)  # from the counts of FedML's own test pass
 
 
 def check_killed_and_resumed(got: dict[str, Any], out: Path, rounds: int) -> None:

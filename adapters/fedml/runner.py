@@ -6,6 +6,7 @@ files it writes and how it resumes: docs/hosts/fedml.md.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -37,6 +38,8 @@ from fl_adapters.run.processes import (
 )
 from fl_aggregators.record import ENV, RUN_ENV
 
+#: A round's bias figures in FedML's log (``fl_adapters.fedml.patches.sp.test_clients``).
+FIGURES_LINE = r"fedbalance bias figures: (\{.*\})"
 #: ``framework`` -> FedML's ``(training_type, backend)`` (``backend: grpc`` changes the latter).
 MODES = {host: mode for mode, host in HOSTS.items() if mode[1] != "GRPC"}
 #: FedML's gRPC ranks import mpi4py (``fedml.utils.context`` and others), and mpi4py initialises
@@ -259,21 +262,37 @@ def collect_rows(config: RunConfig, files: RunFiles) -> list[dict[str, Any]]:
     """Per-round rows: those kept from before a resume (``metrics.jsonl``), then the recorder's
     later rounds with FedML's logged test accuracy of each round it tested."""
     kept = files.rows()
-    log = files.out / "fedml.log"
-    accs = [
-        float(a)
-        for a in re.findall(r"'test_acc': ([0-9.eE+-]+)", log.read_text() if log.exists() else "")
-    ]
     first = len(kept) + 1
-    acc = dict(zip(tested_rounds(first, config.rounds, config.eval_every), accs, strict=False))
+    acc, figs = logged_tests(config, files, first)
     rows = files.aggregation_rows(first)
     for row in rows:
         if row["round"] in acc:
             row["test_accuracy"] = acc[row["round"]]
+        if row["round"] in figs:
+            row.update({k: v for k, v in figs[row["round"]].items() if k != "client_accuracy"})
     return kept + rows
+
+
+def logged_tests(
+    config: RunConfig, files: RunFiles, first: int
+) -> tuple[dict[int, float], dict[int, dict[str, Any]]]:
+    """The test accuracy and the bias figures FedML's log holds for each round it tested from
+    round ``first`` on (the log of a resumed run starts there)."""
+    log = files.out / "fedml.log"
+    text = log.read_text() if log.exists() else ""
+    accs = [float(a) for a in re.findall(r"'test_acc': ([0-9.eE+-]+)", text)]
+    figures = [json.loads(f) for f in re.findall(FIGURES_LINE, text)]
+    tested = tested_rounds(first, config.rounds, config.eval_every)
+    return dict(zip(tested, accs, strict=False)), dict(zip(tested, figures, strict=False))
 
 
 def collect(config: RunConfig, files: RunFiles, elapsed_s: float | None = None) -> dict[str, Any]:
     """``metrics.jsonl`` and ``summary.json`` from the recorder and FedML's log (and the run's
     wall time, ``elapsed_s``, as the other hosts write it)."""
-    return finish(config, files, collect_rows(config, files), elapsed_s)
+    first = len(files.rows()) + 1
+    clients = {r: a for r, a in files.client_rows().items() if r < first}
+    figs = logged_tests(config, files, first)[1]
+    clients |= {r: f["client_accuracy"] for r, f in figs.items() if "client_accuracy" in f}
+    rows = collect_rows(config, files)
+    files.write_clients(clients)
+    return finish(config, files, rows, elapsed_s)

@@ -216,6 +216,18 @@ class RunFiles:
         with open(self.clients, "a") as fh:
             fh.write(_clients_line(round_number, accuracies))
 
+    def client_rows(self) -> dict[int, dict[str, float | None]]:
+        """:attr:`clients` by round (a line cut short by a kill is left out)."""
+        text = self.clients.read_text() if self.clients.is_file() else ""
+        out = {}
+        for line in text.splitlines():
+            try:
+                doc = json.loads(line)
+                out[int(doc["round"])] = doc["client_accuracy"]
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
     def write_clients(self, rounds: dict[int, dict[str, float | None]]) -> None:
         """:attr:`clients` from every evaluated round's client accuracies."""
         self.clients.write_text("".join(_clients_line(r, a) for r, a in sorted(rounds.items())))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from flower_runs import FEDAVGM, fedbalance, finished, lines
+from helpers import check_bias_rows
 
 
 @pytest.mark.slow
@@ -24,6 +25,7 @@ def test_fedbalance_run_on_flower_writes_metrics_and_summary(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 1 and summary["config"]["framework"] == "flower"
     assert summary["final_accuracy"] == rows[-1]["test_accuracy"] and summary["elapsed_s"] > 0
+    check_bias_rows(fedavgm_whole / "out", evaluated=FEDAVGM["rounds"])  # every node, every round
     assert {e["host"] for e in lines(out / "aggregations.jsonl")} == {"flower"}
     # the engine polled by message (fl_adapters.flower.engine), and said so
     log = (out / "flower-simulation.log").read_text()

@@ -103,6 +103,13 @@ def check_fedloss_run(run: dict[str, Any]) -> None:
     assert not all(torch.equal(run["model"][k], start[k]) for k in start)
     evaluate = run["summary"]["evaluate"]
     assert sorted(evaluate) == [str(r) for r in range(1, ROUNDS + 1)]
+    for metrics in evaluate.values():  # the bias figures of the nodes' class counts
+        recall = metrics["class_recall"]
+        present = [x for x in recall if x == x]  # NaN: a class no node holds
+        assert metrics["balanced_accuracy"] == pytest.approx(sum(present) / len(present))
+        assert metrics["worst_class_recall"] == min(present) == recall[metrics["worst_class"]]
+        assert metrics["client_ids"] == [0, 1]
+        assert metrics["client_acc_mean"] == pytest.approx(sum(metrics["client_accuracy"]) / 2)
     # The clients' test loss falls round on round, from about ln 10 = 2.30 (chance).
     losses = [evaluate[str(r)]["eval_loss"] for r in range(1, ROUNDS + 1)]
     assert losses == sorted(losses, reverse=True) and losses[-1] < 2.0

@@ -11,10 +11,12 @@ random draw after them is the one the checkpointed run made.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from typing import Any
 
-from fl_adapters._training import evaluated_clients, evaluates
+from fl_adapters import bias
+from fl_adapters._training import evaluate_counts, evaluated_clients, evaluates
 from fl_adapters.checkpoint import check_plan
 from fl_adapters.fedml import checkpoint
 from fl_adapters.fedml.adapter import (
@@ -25,6 +27,7 @@ from fl_adapters.fedml.adapter import (
     train_with_validation,
 )
 from fl_adapters.fedml.astraea import SpAstraea
+from fl_aggregators.record import jsonable
 
 log = logging.getLogger(__name__)
 
@@ -102,25 +105,47 @@ def test_on_all_clients(self: Any, original: Any, round_idx: Any) -> Any:
     run = current()
     if run.skipping:  # the checkpointed run tested this round
         return None
+    total = int(self.args.client_num_in_total)
     chosen = evaluation(self.args)
-    if chosen is None:
-        return original(self, round_idx)
+    if chosen is None:  # FedML's frequency_of_the_test picked this round: every client
+        return test_clients(self, round_idx, list(range(total)))
     rnd = int(round_idx) + 1
     if not evaluates(rnd, chosen.every, int(self.args.comm_round)):
         return None
-    if chosen.fraction >= 1:
-        return original(self, round_idx)
-    total = int(self.args.client_num_in_total)
     return test_clients(self, round_idx, evaluated_clients(total, chosen.fraction, run.seed, rnd))
 
 
+def report_test(args: Any, round_idx: Any, name: str, shown: str, acc: float, loss: float) -> None:
+    """One of FedML's test lines, where FedML's own test sends it (its log, wandb, mlops)."""
+    from fedml import mlops
+
+    if getattr(args, "enable_wandb", False):
+        import wandb
+
+        wandb.log({f"{shown}/Acc": acc, "round": round_idx})
+        wandb.log({f"{shown}/Loss": loss, "round": round_idx})
+    mlops.log({f"{shown}/Acc": acc, "round": round_idx})
+    mlops.log({f"{shown}/Loss": loss, "round": round_idx})
+    log.info({f"{name}_acc": acc, f"{name}_loss": loss})
+
+
+#: What the log line of a round's bias figures starts with (``fedbalance run`` reads it).
+FIGURES = "fedbalance bias figures: "
+
+
 def test_clients(self: Any, round_idx: Any, clients: list[int]) -> None:
-    """FedML's ``_local_test_on_all_clients`` over ``clients`` only: the same metrics (each
-    client's train and test split, summed) in the same log lines, which ``fedbalance run``
+    """FedML's ``_local_test_on_all_clients`` over ``clients``: the same metrics in the same
+    log lines (each client's train split by FedML's own test, summed), the test split counted
+    per class and client in the same pass (:func:`~fl_adapters._training.evaluate_counts`), and
+    one more line with the bias figures (:mod:`fl_adapters.bias`), which ``fedbalance run``
     reads."""
     log.info("################local_test_on_all_clients : %s (%d clients)", round_idx, len(clients))
     client = self.client_list[0]
-    sums = {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]}  # correct, loss, samples
+    # FedML's own trainers test with cross-entropy and argmax, as the counting pass does; a
+    # user's trainer keeps its own test for FedML's lines (the figures then cost a pass more).
+    stock = type(client.model_trainer).__module__.startswith("fedml.")
+    train, test = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]  # correct, loss, samples
+    per: dict[int, bias.Counts] = {}
     for c in clients:
         if self.test_data_local_dict[c] is None:
             continue
@@ -130,14 +155,23 @@ def test_clients(self: Any, round_idx: Any, clients: list[int]) -> None:
             self.test_data_local_dict[c],
             self.train_data_local_num_dict[c],
         )
-        for on_test in (False, True):
+        for on_test, sums in ((False, train), (True, test)):
+            if on_test and stock:
+                continue
             m = client.local_test(on_test)
             for i, key in enumerate(("test_correct", "test_loss", "test_total")):
-                sums[on_test][i] += m[key]
-    for on_test, name in ((False, "training"), (True, "test")):
-        correct, loss, n = sums[on_test]
+                sums[i] += m[key]
+        per[c] = evaluate_counts(client.model_trainer.model, self.test_data_local_dict[c])
+    counts = bias.total(list(per.values()))
+    if stock:
+        test = [float(counts.correct.sum()), counts.loss_sum, float(counts.n)]
+    for (correct, loss, n), name, shown in ((train, "training", "Train"), (test, "test", "Test")):
         if n:
-            log.info({f"{name}_acc": correct / n, f"{name}_loss": loss / n})
+            report_test(self.args, round_idx, name, shown, correct / n, loss / n)
+    if counts.n:
+        figures = bias.class_figures(counts) | bias.client_figures(per)
+        figures["client_accuracy"] = bias.client_accuracies(per)
+        log.info("%s%s", FIGURES, json.dumps(jsonable(figures), allow_nan=False))
 
 
 def aggregate_round(self: Any, original: Any, w_locals: list[tuple[Any, Any]]) -> Any:
