@@ -277,6 +277,7 @@ def check_killed_and_resumed(got: dict[str, Any], out: Path, rounds: int) -> Non
     assert [r["round"] for r in records(out / "aggregations.jsonl")] == got["rounds"]
     rows = records(out / "metrics.jsonl")
     assert all(len(r["weights"]) == 2 for r in rows)
+    check_bias_rows(out, evaluated=rounds)  # before the kill, and after the resume
     assert 0 <= rows[-1]["test_accuracy"] <= 1  # the resumed server tested its last round
     assert Checkpoint.load(out / NAME).round == rounds
 

@@ -40,6 +40,8 @@ from fl_aggregators.record import ENV, RUN_ENV
 
 #: A round's bias figures in FedML's log (``fl_adapters.fedml.patches.sp.test_clients``).
 FIGURES_LINE = r"fedbalance bias figures: (\{.*\})"
+#: What the figures line carries beside the figures a row takes.
+FIGURE_ONLY = ("accuracy", "loss", "client_accuracy")
 #: ``framework`` -> FedML's ``(training_type, backend)`` (``backend: grpc`` changes the latter).
 MODES = {host: mode for mode, host in HOSTS.items() if mode[1] != "GRPC"}
 #: FedML's gRPC ranks import mpi4py (``fedml.utils.context`` and others), and mpi4py initialises
@@ -204,7 +206,9 @@ def keep_completed_rounds(config: RunConfig, files: RunFiles) -> None:
     """Before a resume: the stopped run's rows up to its checkpoint into ``metrics.jsonl``, its
     log set aside (``fedml.log.<N>``), its recorder lines after the checkpoint dropped."""
     done = Checkpoint.open(files.checkpoint, "fedml").round  # missing or foreign: a clear error
+    clients = clients_so_far(config, files)
     rows = files.kept_rows(collect_rows(config, files), done)
+    files.write_clients({r: a for r, a in clients.items() if r <= done})
     files.start(done)
     files.write_rows(rows)
     n = 1
@@ -268,8 +272,10 @@ def collect_rows(config: RunConfig, files: RunFiles) -> list[dict[str, Any]]:
     for row in rows:
         if row["round"] in acc:
             row["test_accuracy"] = acc[row["round"]]
-        if row["round"] in figs:
-            row.update({k: v for k, v in figs[row["round"]].items() if k != "client_accuracy"})
+        if row["round"] in figs:  # the clients' test splits, as on every host
+            fig = figs[row["round"]]
+            row.update(test_accuracy=fig["accuracy"], test_loss=fig["loss"])
+            row.update({k: v for k, v in fig.items() if k not in FIGURE_ONLY})
     return kept + rows
 
 
@@ -289,10 +295,16 @@ def logged_tests(
 def collect(config: RunConfig, files: RunFiles, elapsed_s: float | None = None) -> dict[str, Any]:
     """``metrics.jsonl`` and ``summary.json`` from the recorder and FedML's log (and the run's
     wall time, ``elapsed_s``, as the other hosts write it)."""
-    first = len(files.rows()) + 1
-    clients = {r: a for r, a in files.client_rows().items() if r < first}
-    figs = logged_tests(config, files, first)[1]
-    clients |= {r: f["client_accuracy"] for r, f in figs.items() if "client_accuracy" in f}
+    clients = clients_so_far(config, files)
     rows = collect_rows(config, files)
     files.write_clients(clients)
     return finish(config, files, rows, elapsed_s)
+
+
+def clients_so_far(config: RunConfig, files: RunFiles) -> dict[int, dict[str, float | None]]:
+    """Each tested round's client accuracies: ``clients.jsonl``'s lines of the rounds kept
+    before a resume, then FedML's log of this run."""
+    first = len(files.rows()) + 1
+    clients = {r: a for r, a in files.client_rows().items() if r < first}
+    figs = logged_tests(config, files, first)[1]
+    return clients | {r: f["client_accuracy"] for r, f in figs.items() if "client_accuracy" in f}

@@ -45,6 +45,35 @@ def test_round(self: Any, original: Any, round_idx: Any, *a: Any, **kw: Any) -> 
     return original(self, round_idx, *a, **kw)
 
 
+def tested(args: Any, round_idx: int) -> bool:
+    """Whether the server tests round ``round_idx`` (from 0): ``eval_every``'s rounds, else
+    FedML's ``frequency_of_the_test`` and the last."""
+    rounds = int(args.comm_round)
+    chosen = evaluation(args)
+    if chosen is not None:
+        return evaluates(round_idx + 1, chosen.every, rounds)
+    every = int(getattr(args, "frequency_of_the_test", 1) or 1)
+    return round_idx % every == 0 or round_idx == rounds - 1
+
+
+def clients_figures(aggregator: Any) -> None:
+    """The bias figures of the server's global model on every client's test split the server
+    holds (``test_data_local_dict``), counted per class and client: one pass more than FedML's
+    own test, which tests its global test set (or a sample of it) and has no per-client view."""
+    from fl_adapters import bias
+    from fl_adapters._training import evaluate_counts
+    from fl_adapters.fedml.patches.sp import log_figures
+
+    model = getattr(aggregator.aggregator, "model", None)
+    held = getattr(aggregator, "test_data_local_dict", None) or {}
+    if model is None or not held:
+        return
+    per: dict[int, bias.Counts] = {
+        int(c): evaluate_counts(model, data) for c, data in sorted(held.items()) if data
+    }
+    log_figures(per)
+
+
 def update_model(self: Any, original: Any, weights: Any) -> Any:
     run = current()
     clean, rad, round_number = take_rad(weights)
@@ -119,9 +148,15 @@ def uploads(aggregator: Any, count: int) -> list[tuple[Any, Any]]:
 
 
 def server_checkpoint(aggregator: Any, params: Any) -> None:
-    """MPI simulation / cross-silo: the server's checkpoint after the round it aggregated."""
+    """MPI simulation / cross-silo: the server's checkpoint after the round it aggregated, and
+    before it, in a tested round, the round's bias figures (a run stopped between the
+    checkpoint and FedML's test keeps them)."""
     run = current()
     args = aggregator.args
+    model = getattr(aggregator.aggregator, "model", None)
+    if model is not None and tested(args, int(args.round_idx)):
+        model.load_state_dict(params)  # what FedML sets as the global model next
+        clients_figures(aggregator)
     checkpoint.save(args, args.round_idx + 1, params, run.aggregator, run.silo_astraea)
 
 

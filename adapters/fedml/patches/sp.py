@@ -168,8 +168,16 @@ def test_clients(self: Any, round_idx: Any, clients: list[int]) -> None:
     for (correct, loss, n), name, shown in ((train, "training", "Train"), (test, "test", "Test")):
         if n:
             report_test(self.args, round_idx, name, shown, correct / n, loss / n)
+    log_figures(per)
+
+
+def log_figures(per: dict[int, bias.Counts]) -> None:
+    """The line of a round's bias figures (with the accuracy and loss they come with) that
+    ``fedbalance run`` reads from FedML's log; nothing when no client had test samples."""
+    counts = bias.total(list(per.values()))
     if counts.n:
-        figures = bias.class_figures(counts) | bias.client_figures(per)
+        figures = {"accuracy": counts.accuracy, "loss": counts.loss}
+        figures |= bias.class_figures(counts) | bias.client_figures(per)
         figures["client_accuracy"] = bias.client_accuracies(per)
         log.info("%s%s", FIGURES, json.dumps(jsonable(figures), allow_nan=False))
 
