@@ -580,7 +580,7 @@ def bias_metrics(server_round: int, replies: list[Message]) -> dict[str, Any]:
             del per[who]
             log.warning("evaluate round %s: nodes %s left out of the bias figures: each "
                         "reported client %s", server_round, nodes, who)  # fmt: skip
-    if not per:
+    if not per or bias.total(list(per.values())).n == 0:  # no node had test data
         return {}
     per = dict(sorted(per.items()))
     figures = bias.class_figures(bias.total(list(per.values()))) | bias.client_figures(per)
@@ -591,7 +591,9 @@ def bias_metrics(server_round: int, replies: list[Message]) -> dict[str, Any]:
     accs = bias.client_accuracies(per)
     out["client_ids"] = [int(c) for c in accs]
     out["client_accuracy"] = [math.nan if a is None else a for a in accs.values()]
-    log.info("evaluate round %s: balanced accuracy %s, worst class %s (recall %s), client p10 %s",
-             server_round, figures["balanced_accuracy"], figures["worst_class"],
-             figures["worst_class_recall"], figures["client_acc_p10"])  # fmt: skip
+    # In Flower's log (the round's own lines are there), where a user's `flwr run` shows it.
+    flower_log.info("evaluate round %s: balanced accuracy %.4f, worst class %s (recall %.4f), "
+                    "client p10 %.4f", server_round, figures["balanced_accuracy"],
+                    figures["worst_class"], figures["worst_class_recall"],
+                    figures["client_acc_p10"])  # fmt: skip
     return out

@@ -205,7 +205,8 @@ def evaluate_reply(
     """Loss and accuracy of the message's global model on the client's test split, with the
     per-class counts fedbalance's strategy turns into the bias figures.
 
-    ``data``, ``split`` and ``keys`` as :func:`train_reply` takes them. The reply's
+    ``data``, ``split`` and ``keys`` as :func:`train_reply` takes them, or ``{"test": data}``
+    for a test set of the client's own (a ``DataLoader`` as a Flower template makes). The reply's
     ``MetricRecord`` holds ``num-examples``, ``eval_loss``, ``eval_acc``, ``client-id`` and,
     from the same pass, ``class-total`` and ``class-correct`` (samples and correct predictions
     per class, one entry per model output). A client without test data replies
@@ -213,7 +214,8 @@ def evaluate_reply(
     average weighted by ``num-examples``, even Flower's own.
     """
     model.load_state_dict(global_state(msg))
-    test = client_splits(context, data, split).get("test")
+    own = isinstance(data, Mapping) and "train" not in data  # {"test": loader}: as it is
+    test = data.get("test") if own else client_splits(context, data, split).get("test")
     if test is not None:
         check_sample(test, keys)
     counts = evaluate_counts(model, test, keys=keys) if test is not None else Counts()

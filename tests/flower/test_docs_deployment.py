@@ -63,3 +63,7 @@ def test_the_documented_deployment_runs_the_quickstart_with_fedloss(tmp_path: Pa
     # the banner says the weighing used, not FedAvg's "Weighted by: 'num-examples'" for training
     assert "Train replies weighed by: fedbalance 'fedloss' (reads 'val_loss'" in log
     assert "aggregate_train: Received 2 results and 0 failures" in log
+    # evaluate_reply's class counts: the strategy's bias figures, logged for the round
+    assert re.search(r"evaluate round 1: balanced accuracy 0\.\d+, worst class \d", log), log[
+        -3000:
+    ]
