@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedbalance_benchmarks._runs import RESULTS, read_metrics, run_one, worker_init
+from fedbalance_benchmarks._runs import RESULTS, read_metrics, run_one
 
 log = logging.getLogger(__name__)
 
@@ -161,10 +161,6 @@ def jobs(opts: dict[str, Any]) -> list[tuple[str, str, int]]:
 
 def run_map(opts: dict[str, Any], run: bool = True) -> dict[tuple[str, str, int], dict[str, Any]]:
     """Run (or resume) every (setting, method, seed); the records so far."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from tqdm import tqdm
-
     per_run = Path(opts["out"]) / "per-run" / opts["stem"]
     records: dict[tuple[str, str, int], dict[str, Any]] = {}
     todo = []
@@ -179,28 +175,10 @@ def run_map(opts: dict[str, Any], run: bool = True) -> dict[tuple[str, str, int]
     if not (todo and run):
         return records
     print(f"{opts['stem']}: {len(records)} runs recorded, {len(todo)} to run", flush=True)
-    failed = []
-    runs_dir = Path(opts["runs_dir"])
-    with ProcessPoolExecutor(max_workers=opts["workers"], initializer=worker_init) as pool:
-        futures = {
-            pool.submit(_run_record, cfg, str(runs_dir / slug(s) / m / f"seed{seed}")): (
-                s, m, seed, path
-            )
-            for s, m, seed, cfg, path in todo
-        }  # fmt: skip
-        for fut in tqdm(as_completed(futures), total=len(futures), desc="map runs", unit="run"):
-            setting, method, seed, path = futures[fut]
-            try:
-                rec = fut.result()
-            except Exception as exc:  # one bad run must not cost the others
-                log.error("%s/%s seed %d failed: %s", setting, method, seed, exc)
-                failed.append(f"{setting}/{method}/seed{seed}: {exc}")
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(rec) + "\n")
-            records[(setting, method, seed)] = rec
-    if failed:
-        raise SystemExit(f"{len(failed)} run(s) failed:\n" + "\n".join(failed))
+    from fedbalance_benchmarks.thesis import _run_todo
+
+    runs_dir, workers = Path(opts["runs_dir"]), opts["workers"]
+    _run_todo(todo, runs_dir, per_run, records, workers, opts["stem"], _run_record, slug)
     return records
 
 

@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -271,15 +272,25 @@ def _run_todo(
     records: dict[tuple[str, str, int], dict[str, Any]],
     workers: int,
     stem: str,
+    run_record: Callable[[dict[str, Any], str], dict[str, Any]] | None = None,
+    name: Callable[[str], str] = str,
 ) -> None:
     """Run the missing jobs; write each record as its run finishes. A run that fails is logged
-    and the others go on; the grid then stops with the list of failures."""
+    and the others go on; the grid then stops with the list of failures. ``run_record`` runs
+    one job into a directory and returns its record (the thesis's by default; another grid
+    passes its own), ``name`` turns a scenario into that directory's name."""
+    run_record = run_record or _run_record
     from tqdm import tqdm
 
     failed = []
     with ProcessPoolExecutor(max_workers=workers, initializer=worker_init) as pool:
         futures = {
-            pool.submit(_run_record, cfg, str(runs_dir / s / v / f"seed{seed}")): (s, v, seed, path)
+            pool.submit(run_record, cfg, str(runs_dir / name(s) / v / f"seed{seed}")): (
+                s,
+                v,
+                seed,
+                path,
+            )
             for s, v, seed, cfg, path in todo
         }
         bar = tqdm(as_completed(futures), total=len(futures), desc=f"{stem} runs", unit="run")
