@@ -185,7 +185,7 @@ class Partitioner(ABC):
             num_clients, num_classes
         )
         del cell
-        return Partition.build(
+        built = Partition.build(
             client_indices=np.split(flat, np.cumsum(counts.sum(axis=1))[:-1]),
             labels=labels_arr,
             num_classes=num_classes,
@@ -195,6 +195,12 @@ class Partitioner(ABC):
             split=fractions,
             class_counts=counts,
         )
+        return self.relabel(labels_arr, built)
+
+    def relabel(self, labels: NDArray[Any] | Sequence[int], partition: Partition) -> Partition:
+        """The last step of :meth:`partition`: ``partition`` with label flips (``label_noise``);
+        as it is for every scheme that flips none."""
+        return partition
 
 
 class DirichletPartitioner(Partitioner):

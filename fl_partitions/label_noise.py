@@ -47,10 +47,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fl_checks import ParameterError, check_float, shown
-from fl_partitions._rng import SeedLike, derived_generator
+from fl_partitions._rng import derived_generator
 from fl_partitions.base import IntArray, validate_labels
 from fl_partitions.iid import IID
-from fl_partitions.partition import DEFAULT_SPLIT, FLIPPED_SPLITS, LabelFlips, Partition
+from fl_partitions.partition import FLIPPED_SPLITS, LabelFlips, Partition
 
 MODES = ("symmetric", "pair")
 # Salt of the label-noise sub-streams (the local splits use 1): 0 picks the noisy clients,
@@ -158,21 +158,6 @@ class LabelNoise(IID):
         if not isinstance(mode, str) or mode not in MODES:
             raise ParameterError(f"mode must be one of {', '.join(MODES)}, got {shown(mode)}")
         self.mode = mode
-
-    def partition(
-        self,
-        labels: NDArray[Any] | Sequence[int],
-        num_clients: int,
-        *,
-        seed: SeedLike = 0,
-        split: Sequence[float] = DEFAULT_SPLIT,
-        num_classes: int | None = None,
-    ) -> Partition:
-        """An IID partition (see :meth:`Partitioner.partition`) with this noise's flips."""
-        part = super().partition(
-            labels, num_clients, seed=seed, split=split, num_classes=num_classes
-        )
-        return self.relabel(labels, part)
 
     def relabel(self, labels: NDArray[Any] | Sequence[int], partition: Partition) -> Partition:
         """``partition`` (of ``labels``) with this noise's label flips."""

@@ -20,11 +20,10 @@ from numpy.typing import NDArray
 
 from fl_checks import ParameterError
 from fl_partitions._alloc import OwnerArray
-from fl_partitions._rng import SeedLike
 from fl_partitions.base import KINDS, IntArray, Partitioner, Resolve, resolver
 from fl_partitions.iid import IID
 from fl_partitions.label_noise import LabelNoise
-from fl_partitions.partition import DEFAULT_SPLIT, Partition
+from fl_partitions.partition import Partition
 
 THESIS_MIXED: tuple[dict[str, Any], ...] = (
     {"name": "label_dirichlet", "beta": 0.5},
@@ -119,18 +118,9 @@ class Mixed(Partitioner):
         noise = self._by_kind.get("noise")
         return super().noise_std(num_clients) if noise is None else noise.noise_std(num_clients)
 
-    def partition(
-        self,
-        labels: NDArray[Any] | Sequence[int],
-        num_clients: int,
-        *,
-        seed: SeedLike = 0,
-        split: Sequence[float] = DEFAULT_SPLIT,
-        num_classes: int | None = None,
-    ) -> Partition:
-        """The composed partition (see :meth:`Partitioner.partition`), its label noise last."""
-        part = super().partition(
-            labels, num_clients, seed=seed, split=split, num_classes=num_classes
-        )
+    def relabel(self, labels: NDArray[Any] | Sequence[int], partition: Partition) -> Partition:
+        """The label noise component's flips, applied last."""
         relabel = self._by_kind.get(LabelNoise.kind)
-        return part if relabel is None else cast(LabelNoise, relabel).relabel(labels, part)
+        return (
+            partition if relabel is None else cast(LabelNoise, relabel).relabel(labels, partition)
+        )
