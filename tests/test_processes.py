@@ -3,12 +3,17 @@ for a server's port (``wait_listening``), on real processes and sockets."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
+import pytest
+
+from fl_adapters.run import processes
 from fl_adapters.run.processes import free_ports, wait_listening, watch
 
 
@@ -107,3 +112,20 @@ def test_the_wait_for_a_port_names_a_dead_server_or_the_deadline() -> None:
     finally:
         slow.kill()
         slow.wait()
+
+
+def test_ports_handed_out_are_not_handed_out_again_while_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs started at the same instant scan from the same offset; the claims file keeps
+    the second from getting the first one's ports before either server has bound them."""
+    monkeypatch.setattr(processes.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(processes.time, "monotonic_ns", lambda: 10**9)
+    first, second = free_ports(3), free_ports(3)
+    assert len(set(first) | set(second)) == 6
+    claims = (tmp_path / f"fedbalance-port-claims-{os.getuid()}").read_text().split()
+    assert sorted(int(p) for p in claims[::2]) == sorted(first + second)
+    monkeypatch.setattr(processes, "PORT_HOLD_S", -1.0)  # expired claims are forgotten
+    assert free_ports(1) == free_ports(1)
+    lines = (tmp_path / f"fedbalance-port-claims-{os.getuid()}").read_text().splitlines()
+    assert len(lines) == 6 + 1  # the six held and the newest expired one, read by no one

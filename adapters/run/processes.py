@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import hashlib
 import ipaddress
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -296,6 +298,9 @@ def is_loopback(address: str) -> bool:
 EPHEMERAL_RANGE = (32768, 60999)
 #: The lowest port :func:`free_ports` offers: above the registered services most machines run.
 LOWEST_PORT = 10000
+#: How long a port :func:`free_ports` handed out stays off the table for every other caller
+#: on this machine (seconds): long enough for the slowest server to bind it (FedML's start).
+PORT_HOLD_S = 180.0
 
 
 def free_ports(n: int, ip: str = "127.0.0.1") -> list[int]:
@@ -307,7 +312,9 @@ def free_ports(n: int, ip: str = "127.0.0.1") -> list[int]:
     it, and the server then fails to start. Below that range a port is taken only by a process
     that asks for it by number. The scan starts at an offset drawn from the process id and the
     clock (no result depends on a port), so runs started together look in different places;
-    each port is held bound until all ``n`` are found, so they differ.
+    each port is held bound until all ``n`` are found, so they differ. The ports handed out
+    are also written down (:func:`_port_claims`) for :data:`PORT_HOLD_S` seconds, so two runs
+    started together on one machine never get the same port before either has bound it.
     """
     try:  # the kernel's range for the local ports of outgoing connections
         with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
@@ -318,22 +325,59 @@ def free_ports(n: int, ip: str = "127.0.0.1") -> list[int]:
     if span < 4 * n:  # a machine whose ephemeral range starts low: the kernel's choice
         return _kernel_ports(n, ip)
     offset = (os.getpid() * 7919 + time.monotonic_ns() // 1000) % span
-    socks: list[socket.socket] = []
-    try:
-        for i in range(span):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                s.bind((ip, LOWEST_PORT + (offset + i) % span))
-            except OSError:
+    with _port_claims() as claimed:
+        socks: list[socket.socket] = []
+        try:
+            for i in range(span):
+                port = LOWEST_PORT + (offset + i) % span
+                if port in claimed:
+                    continue
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    s.bind((ip, port))
+                except OSError:
+                    s.close()
+                    continue
+                socks.append(s)
+                if len(socks) == n:
+                    ports = [int(s.getsockname()[1]) for s in socks]
+                    claimed.update(ports)
+                    return ports
+        finally:
+            for s in socks:
                 s.close()
-                continue
-            socks.append(s)
-            if len(socks) == n:
-                return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
     return _kernel_ports(n, ip)
+
+
+@contextlib.contextmanager
+def _port_claims() -> Iterator[set[int]]:
+    """The ports handed out on this machine in the last :data:`PORT_HOLD_S` seconds, under a
+    lock; ports the caller adds to the set are written back with a fresh hold. The file (one
+    ``port expiry`` pair a line, in the temp folder, per user) only ever holds live claims.
+    Where it cannot be opened, no claims: the scan alone, as before."""
+    path = Path(tempfile.gettempdir()) / f"fedbalance-port-claims-{os.getuid()}"
+    try:
+        fh = open(path, "a+", encoding="ascii")  # noqa: SIM115 - held for the lock's lifetime
+    except OSError:
+        yield set()
+        return
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        now = time.time()
+        fh.seek(0)
+        live: dict[int, float] = {}
+        for line in fh.read().splitlines():
+            with contextlib.suppress(ValueError):
+                port, expiry = line.split()
+                if float(expiry) > now:
+                    live[int(port)] = float(expiry)
+        claimed = set(live)
+        yield claimed
+        for port in claimed - set(live):
+            live[port] = now + PORT_HOLD_S
+        fh.seek(0)
+        fh.truncate()
+        fh.write("".join(f"{p} {e:.0f}\n" for p, e in sorted(live.items())))
 
 
 def _kernel_ports(n: int, ip: str) -> list[int]:
