@@ -46,7 +46,8 @@ class HostSpec:
     frameworks: tuple[str, ...]
     #: The releases it supports, as its version strings start.
     releases: tuple[str, ...]
-    #: ``run(config, out, options) -> summary``: one ``fedbalance run`` in the claimed ``out``.
+    #: ``run(config, out, options) -> summary``: one ``fedbalance run`` in the claimed ``out``
+    #: (a host whose rounds run in this process: :func:`fl_adapters.run.lifecycle.in_process`).
     run: Callable[[RunConfig, Path, RunOptions], dict[str, Any]]
     #: Raises ``HostNotSupported`` (or ``ImportError``) where the installed host cannot be served.
     require: Callable[[], None] = lambda: None

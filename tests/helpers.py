@@ -159,3 +159,38 @@ def check_bias_rows(out: Path, evaluated: int | None = None) -> None:
         assert row["client_acc_p90"] == pytest.approx(np.percentile(accs, 90))
         if len(accs) > 1:
             assert row["client_acc_std"] == pytest.approx(accs.std(ddof=1))
+
+
+# -- what every host's run leaves (tests/test_host_contract.py, tests/flower/test_cli.py) ------
+#: The files of a finished ``fedbalance run``, on every host.
+HOST_FILES = ("metrics.jsonl", "summary.json", "aggregations.jsonl", "checkpoint.pt")
+#: The keys of every ``metrics.jsonl`` row, on every host (an evaluated row adds its
+#: ``test_``/``val_`` accuracy).
+HOST_ROW_KEYS = {"round", "clients", "weights", "rejected", "skipped"}
+#: The keys of every ``summary.json`` (:func:`fl_adapters.experiment.run_summary`).
+HOST_SUMMARY_KEYS = {
+    "config", "rounds", "aggregated_rounds", "evaluated_on", "final_accuracy", "best_accuracy",
+    "best_round", "elapsed_s",
+}  # fmt: skip
+
+
+def check_host_files(out: Path, rounds: int, host: str) -> None:
+    """``out`` holds what every host's run of ``rounds`` rounds writes: the files, a row per
+    round with the common keys and its accuracy, a record line per round from ``host``, the
+    summary's keys, and a checkpoint of the last round that names ``host``."""
+    from fl_adapters.checkpoint import Checkpoint
+
+    assert sorted(p.name for p in out.iterdir() if p.name in HOST_FILES) == sorted(HOST_FILES)
+    rows = records(out / "metrics.jsonl")
+    assert [r["round"] for r in rows] == list(range(1, rounds + 1))
+    summary = json.loads((out / "summary.json").read_text())
+    assert HOST_SUMMARY_KEYS <= set(summary), HOST_SUMMARY_KEYS - set(summary)
+    prefix = "val" if summary["evaluated_on"] == "val" else "test"
+    for row in rows:
+        assert HOST_ROW_KEYS <= set(row), (HOST_ROW_KEYS - set(row), row)
+        assert 0.0 <= row[f"{prefix}_accuracy"] <= 1.0
+    assert summary["final_accuracy"] == rows[-1][f"{prefix}_accuracy"]
+    lines = records(out / "aggregations.jsonl")
+    assert [(r["round"], r["host"]) for r in lines] == [(r, host) for r in range(1, rounds + 1)]
+    ckpt = Checkpoint.load(out / "checkpoint.pt")
+    assert (ckpt.round, ckpt.host) == (rounds, host.split("-")[0])

@@ -15,17 +15,40 @@ def modules() -> dict[str, ast.Module]:
     }
 
 
+def callers(name: str, attribute: str | None = None) -> list[str]:
+    """The modules that call ``name(...)`` (or ``name.attribute(...)``), one entry per call."""
+    found = []
+    for module, tree in modules().items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if attribute is None and isinstance(f, ast.Name) and f.id == name:
+                found.append(module)
+            elif (
+                attribute is not None
+                and isinstance(f, ast.Attribute)
+                and f.attr == attribute
+                and isinstance(f.value, ast.Name)
+                and f.value.id == name
+            ):
+                found.append(module)
+    return sorted(found)
+
+
 def test_one_module_words_a_run_that_stopped() -> None:
     """Every host's failed run is worded by fl_adapters.run.lifecycle.failed."""
-    makers = sorted(
-        name
-        for name, tree in modules().items()
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id == "RunFailed"
-    )
-    assert makers == ["run/lifecycle.py"]
+    assert callers("RunFailed") == ["run/lifecycle.py"]
+
+
+def test_one_capture_and_one_open_build_and_read_every_hosts_checkpoint() -> None:
+    """``run.lifecycle.capture`` builds every checkpoint and ``open_for_resume`` opens every
+    one a run resumes from. FedML and Flower call ``capture``; FedLab and in-process hosts
+    report rounds to ``Rounds.done``, which calls it."""
+    assert callers("Checkpoint") == ["run/lifecycle.py"]
+    assert callers("Checkpoint", "open") == ["run/lifecycle.py"]
+    assert {m.split("/")[0] for m in callers("capture")} == {"fedml", "flower", "run"}
+    assert sorted(set(callers("Rounds"))) == ["fedlab/runner.py", "run/lifecycle.py"]
 
 
 def test_no_host_names_a_client_metric() -> None:

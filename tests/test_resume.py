@@ -63,7 +63,7 @@ def stop_and_resume(cfg: RunConfig, out: Path, stop_after: int) -> Checkpoint:
 @pytest.mark.parametrize(
     ("aggregator", "model", "args"),
     [
-        ("fedavgm", "thesis_cnn", {"beta": 0.9}),  # server momentum is state
+        # FedAvgM (server momentum) on every host: tests/test_host_contract.py
         ("fedloss", "thesis_cnn", {}),
         ("astraea", "astraea_cnn", {"gamma": 2}),  # plan, mediators, dropout
     ],

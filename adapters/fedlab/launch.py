@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fl_adapters.config import ConfigError, RunConfig
 from fl_adapters.run.directory import RunFiles
-from fl_adapters.run.lifecycle import RUN_TIMEOUT, watched
+from fl_adapters.run.lifecycle import RUN_TIMEOUT, open_for_resume, watched
 from fl_adapters.run.processes import loopback_env, port_problem, start_logged, stop
 from fl_checks import ParameterError
 
@@ -51,12 +51,9 @@ def check_port(config: RunConfig, host: str = HOST) -> None:
 
 def load_checkpoint(config: RunConfig, out_dir: Path) -> Checkpoint:
     """The checkpoint in ``out_dir``, checked against ``config``."""
-    from fl_adapters.checkpoint import Checkpoint
 
     path = RunFiles(out_dir).checkpoint
-    ckpt = Checkpoint.open(path, "fedlab")
-    ckpt.check_config(config.to_dict(), path)
-    return ckpt
+    return open_for_resume(path, "fedlab", config.to_dict())
 
 
 def run_distributed(

@@ -32,7 +32,7 @@ from fl_adapters.checkpoint import (
 )
 from fl_adapters.client_metrics import requested
 from fl_adapters.config import RunConfig
-from fl_adapters.experiment import is_mediated, json_line, metric_prefix, run_summary, training_data
+from fl_adapters.experiment import is_mediated, metric_prefix, training_data
 from fl_adapters.fedlab.astraea import (
     AstraeaSerialTrainer,
     AstraeaServerHandler,
@@ -44,10 +44,10 @@ from fl_adapters.fedlab.astraea import (
 )
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
-from fl_adapters.fedlab.launch import check_processes, load_checkpoint
+from fl_adapters.fedlab.launch import check_processes
 from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer, LocalConfig, UplinkHook
 from fl_adapters.registry import build_aggregator, get_registry
-from fl_adapters.run.directory import RunFiles
+from fl_adapters.run.lifecycle import Rounds, open_for_resume
 from fl_aggregators import AggregationResult
 from fl_aggregators.astraea_plan import client_kl, mediator_kl
 from fl_checks import ParameterError
@@ -91,23 +91,14 @@ def build(config: RunConfig) -> Experiment:
 
 
 class MetricsWriter:
-    """Evaluates the global model after each aggregation and writes the run's records
-    (:class:`~fl_adapters.run.directory.RunFiles`: fresh, or cut back to ``resume_from``'s round)."""
+    """Evaluates the global model after each aggregation and reports each round's row and
+    state to the run's :class:`~fl_adapters.run.lifecycle.Rounds`, which writes them."""
 
-    def __init__(
-        self,
-        exp: Experiment,
-        out_dir: Path,
-        progress: bool = True,
-        resume_from: Checkpoint | None = None,
-    ) -> None:
+    def __init__(self, exp: Experiment, rounds: Rounds, progress: bool = True) -> None:
         self.exp = exp
-        out_dir.mkdir(parents=True, exist_ok=True)
-        self.files = RunFiles(out_dir)
-        done = resume_from.round if resume_from is not None else None
-        self.rows = self.files.kept_rows(self.files.rows(), done) if done is not None else []
-        self.files.start(done)
-        self.files.write_rows(self.rows)
+        self.run = rounds
+        self.files = rounds.files
+        self.rows = rounds.rows
         #: ``eval_data: test``: the dataset's test set; otherwise each round's evaluated
         #: clients' splits are read when they evaluate (:meth:`evaluation_data`).
         self.test: list[Any] | None = None
@@ -122,7 +113,7 @@ class MetricsWriter:
         #: of the labels of the rebalanced data) the rows report.
         self.trainer: Any = None
         self._passes = 0
-        self.started = time.perf_counter()
+        self.started = rounds.started
         self.bar = None
         if progress:
             from tqdm import tqdm
@@ -202,10 +193,7 @@ class MetricsWriter:
         row["bytes_down"] = bytes_down if bytes_down is not None else k * self.param_bytes
         row["bytes_up"] = bytes_up if bytes_up is not None else k * (self.param_bytes + 12)
         row["elapsed_s"] = round(time.perf_counter() - self.started, 3)
-        self.rows.append(row)
-        with open(self.files.metrics, "a") as fh:
-            fh.write(json_line(row))
-        self.save_checkpoint(handler)
+        self.run.done(row, **self.state(handler))
         if self.bar is not None:
             self.bar.update(1)
             if "test_accuracy" in row or "val_accuracy" in row:
@@ -218,25 +206,25 @@ class MetricsWriter:
         rebalanced = getattr(self.trainer, "rebalanced", None)
         return rebalanced.trained_counts if rebalanced is not None else {}
 
-    def save_checkpoint(self, handler: FedBalanceServerHandler) -> None:
+    def state(self, handler: FedBalanceServerHandler) -> dict[str, Any]:
+        """What the checkpoint keeps of ``handler`` after its round
+        (:func:`~fl_adapters.run.lifecycle.capture`'s keywords)."""
         planner = getattr(handler, "planner", None)
-        Checkpoint(
-            config=self.exp.config.to_dict(),
-            round=handler.round + 1,  # FedLab counts the round after global_update returns
+        return dict(
             model=SerializationTool.serialize_model(handler.model),
-            aggregator=handler.aggregator.state_dict(),
+            aggregator=handler.aggregator,
             participations=handler.participations,
             sampler=sampler_state(handler.rng),
             plan=planner.plan.as_dict() if planner is not None else None,
-            host="fedlab",
-        ).save(self.files.checkpoint)
+        )
 
     def summary(self) -> dict[str, Any]:
         if self.bar is not None:
             self.bar.close()
-        doc = run_summary(self.exp.config, self.rows, time.perf_counter() - self.started)
-        doc["bytes_up"] = sum(r["bytes_up"] for r in self.rows)
-        doc["bytes_down"] = sum(r["bytes_down"] for r in self.rows)
+        doc: dict[str, Any] = {
+            "bytes_up": sum(r["bytes_up"] for r in self.rows),
+            "bytes_down": sum(r["bytes_down"] for r in self.rows),
+        }
         if self.astraea is not None:
             kl = self.astraea.client_kl()
             med = [v for r in self.rows for v in r.get("mediator_kl", [])]
@@ -256,7 +244,7 @@ class MetricsWriter:
                 )
                 built = sum(int(trained[c].sum()) for c in ids)
                 doc["astraea"]["data_added"]["trained"] = built / counts[ids].sum() - 1
-        return self.files.finish(doc)
+        return self.run.finish(doc)
 
 
 def make_handler(exp: Experiment, on_round: Any = None) -> FedBalanceServerHandler:
@@ -310,9 +298,10 @@ def run_standalone(
         def evaluate(self) -> None:  # evaluation happens after each aggregation (on_round)
             pass
 
-    ckpt = load_checkpoint(config, out_dir) if resume else None
+    rounds = Rounds(config, out_dir, "fedlab", resume)
+    ckpt = rounds.resumed
     exp = build(config)
-    writer = MetricsWriter(exp, out_dir, progress, resume_from=ckpt)
+    writer = MetricsWriter(exp, rounds, progress)
     handler = make_handler(exp, on_round=writer)
     model = copy.deepcopy(exp.model)
     trainer: FedBalanceSerialTrainer
@@ -353,9 +342,10 @@ def run_server(
 
     from fl_adapters.fedlab.network import BoundNetwork
 
-    ckpt = load_checkpoint(config, out_dir) if resume else None
+    rounds = Rounds(config, out_dir, "fedlab", resume)
+    ckpt = rounds.resumed
     exp = build(config)
-    writer = MetricsWriter(exp, out_dir, progress, resume_from=ckpt)
+    writer = MetricsWriter(exp, rounds, progress)
     network = BoundNetwork((host, str(config.port)), world_size=world_size, rank=0)
     sent = {"down": 0, "up": 0}
 
@@ -430,8 +420,7 @@ def run_client(
     else:
         trainer = FedBalanceSerialTrainer(exp.model, exp.data, exp.local, client_ids=ids)
     if resume_from is not None:
-        ckpt = Checkpoint.open(resume_from, "fedlab")
-        ckpt.check_config(config.to_dict(), resume_from)
+        ckpt = open_for_resume(resume_from, "fedlab", config.to_dict())
         trainer.participations = {c: k for c, k in ckpt.participations.items() if c in ids}
     network = BoundNetwork((host, str(config.port)), world_size=world_size, rank=rank)
     manager_cls(trainer=trainer, network=network).run()

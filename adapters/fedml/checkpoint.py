@@ -16,6 +16,7 @@ import torch
 
 from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, check_plan, refuse_changes
 from fl_adapters.hosts import FEDML
+from fl_adapters.run.lifecycle import capture, open_for_resume
 from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def load(args: Any) -> Checkpoint:
     path = resume_path(args)
     if path is None:
         raise CheckpointError("resume_from is not set")
-    ckpt = Checkpoint.open(path, "fedml")
+    ckpt = open_for_resume(path, "fedml")
     refuse_changes(path, ckpt.config, run_fields(args), SAME, may_change=MAY_CHANGE)
     ckpt.check_rounds("comm_round", int(getattr(args, "comm_round", 0)))
     return ckpt
@@ -106,20 +107,16 @@ def save(
     rng: dict[str, Any] | None = None,
 ) -> None:
     """Write the round's checkpoint where ``checkpoint_dir`` says (nothing if unset)."""
-    path = checkpoint_path(args)
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Checkpoint(
+    capture(
+        checkpoint_path(args),
+        host="fedml",
         config=run_fields(args),
-        round=int(round_number),
-        model={k: v.detach().cpu().clone() for k, v in params.items() if torch.is_tensor(v)},
-        aggregator=aggregator.state_dict(),
-        participations={},
+        round_number=round_number,
+        model=params,
+        aggregator=aggregator,
         plan=None if astraea is None else astraea.planner.plan.as_dict(),
         rng=rng,
-        host="fedml",
-    ).save(path)
+    )
 
 
 # -- sp: the process's RNG states, taken and restored at the start of a round -----------------

@@ -21,12 +21,11 @@ import yaml
 
 from fl_adapters import autoload
 from fl_adapters._training import evaluates
-from fl_adapters.checkpoint import Checkpoint
 from fl_adapters.config import ConfigError, RunConfig
 from fl_adapters.fedml.adapter import HOSTS, check_resume
 from fl_adapters.fedml.ipconfig import require_grpcio, write_ipconfig
 from fl_adapters.run.directory import RunFiles
-from fl_adapters.run.lifecycle import RUN_TIMEOUT, failed, finish
+from fl_adapters.run.lifecycle import RUN_TIMEOUT, failed, finish, open_for_resume
 from fl_adapters.run.processes import (
     free_ports,
     loopback_env,
@@ -205,7 +204,7 @@ def mpi_casualty(log: str) -> str | None:
 def keep_completed_rounds(config: RunConfig, files: RunFiles) -> None:
     """Before a resume: the stopped run's rows up to its checkpoint into ``metrics.jsonl``, its
     log set aside (``fedml.log.<N>``), its recorder lines after the checkpoint dropped."""
-    done = Checkpoint.open(files.checkpoint, "fedml").round  # missing or foreign: a clear error
+    done = open_for_resume(files.checkpoint, "fedml").round  # missing or foreign: a clear error
     clients = clients_so_far(config, files)
     rows = files.kept_rows(collect_rows(config, files), done)
     files.write_clients({r: a for r, a in clients.items() if r <= done})

@@ -16,6 +16,7 @@ from typing import Any
 from fl_adapters.checkpoint import NAME, Checkpoint, refuse_changes
 from fl_adapters.flower.config import WHERE
 from fl_adapters.hosts import FLOWER
+from fl_adapters.run.lifecycle import open_for_resume
 
 HOST = FLOWER.name
 ROUNDS_KEY = "num-server-rounds"
@@ -43,7 +44,7 @@ def load(
     before it starts Flower; the strategy then checks its own as well)."""
     path = Path(where).expanduser()  # the file itself, else the directory's checkpoint.pt
     path = path if path.is_file() or path.suffix == ".pt" else path / NAME
-    ckpt = Checkpoint.open(path, HOST)
+    ckpt = open_for_resume(path, HOST)
     keys = set(run) if partial else set(run) | set(ckpt.config)
     refuse_changes(path, ckpt.config, run, keys, may_change=MAY_CHANGE)
     ckpt.check_rounds(f"{WHERE} {ROUNDS_KEY}", rounds)

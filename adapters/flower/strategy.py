@@ -52,6 +52,7 @@ from fl_adapters.flower.payload import (
 )
 from fl_adapters.flower.sampling import NodeSampling
 from fl_adapters.registry import PluginError, build_aggregator, get_registry
+from fl_adapters.run.lifecycle import capture
 from fl_aggregators import AggregationResult, Aggregator, NothingAggregated
 
 log = logging.getLogger(__name__)
@@ -481,18 +482,17 @@ class FedBalanceStrategy(NodeSampling, FedAvg):
         params = self.round_params if self.round_params is not None else self.global_params
         if params is None:
             raise RuntimeError("save_checkpoint before any round: no global model")
-        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        Checkpoint(
+        capture(
+            self.checkpoint_path,
+            host=HOST,
             config=self.run_identity,
-            round=server_round,
-            model={k: v.detach().cpu().clone() for k, v in params.items()},
-            aggregator=self.aggregator.state_dict(),
-            participations={},
+            round_number=server_round,
+            model=params,
+            aggregator=self.aggregator,
             sampler=sampler_state(self.rng),
             plan=self.checkpoint_plan(),
             history={k: {str(r): m for r, m in v.items()} for k, v in self.history.items()},
-            host=HOST,
-        ).save(self.checkpoint_path)
+        )
 
     def checkpoint_plan(self) -> dict[str, Any] | None:
         """A plan the checkpoint keeps (Astraea's); ``None`` here."""

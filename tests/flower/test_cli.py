@@ -1,4 +1,5 @@
-"""``fedbalance run`` with ``framework: flower``: the same files as the other hosts write."""
+"""``fedbalance run`` with ``framework: flower``: the same files and keys as every host writes
+(``helpers.check_host_files``, the contract of ``tests/test_host_contract.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from flower_runs import FEDAVGM, fedbalance, finished, lines
-from helpers import check_bias_rows
+from helpers import check_bias_rows, check_host_files
 
 
 @pytest.mark.slow
@@ -26,6 +27,7 @@ def test_fedbalance_run_on_flower_writes_metrics_and_summary(
     assert summary["rounds"] == 1 and summary["config"]["framework"] == "flower"
     assert summary["final_accuracy"] == rows[-1]["test_accuracy"] and summary["elapsed_s"] > 0
     check_bias_rows(fedavgm_whole / "out", evaluated=FEDAVGM["rounds"])  # every node, every round
+    check_host_files(fedavgm_whole / "out", FEDAVGM["rounds"], "flower")
     assert {e["host"] for e in lines(out / "aggregations.jsonl")} == {"flower"}
     # the engine polled by message (fl_adapters.flower.engine), and said so
     log = (out / "flower-simulation.log").read_text()
