@@ -1,12 +1,14 @@
 """Arms fedbalance's host adapters when FedLab or FedML is imported — no edit to host scripts.
 
 ``fedbalance_autoload.pth`` calls :func:`install` at interpreter start: a finder on
-``sys.meta_path`` that, right after ``import fedlab`` / ``import fedml``, runs the adapter's
-``arm()`` through :func:`arm_host` (FedLab only when ``FEDBALANCE_AGGREGATOR`` is set; FedML
-always, inert unless its config names a fedbalance aggregator). On a release outside
-:data:`SUPPORTED`, or any error while arming, every patch is undone and the host runs stock;
-only a run that names a fedbalance aggregator stops, with :class:`HostNotSupported`
-(``docs/install.md``, "Your host stays yours").
+``sys.meta_path`` that, right after the import of a built-in host that arms (its spec's
+``arm``: FedLab, FedML), runs the adapter's ``arm()`` through :func:`arm_host`: when the
+process asked for it before the import (the spec's ``asked``: FedLab's
+``FEDBALANCE_AGGREGATOR``), or always where the spec has a ``guard`` (FedML, inert unless its
+config names a fedbalance aggregator). On a release outside :data:`SUPPORTED`, or any error
+while arming, every patch is undone and the host runs stock; only a run that names a
+fedbalance aggregator stops, with :class:`HostNotSupported` (``docs/install.md``, "Your host
+stays yours"). A third-party host arms itself.
 
 This module imports nothing heavy: it runs in every Python process of the environment.
 """
@@ -22,18 +24,17 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from fl_adapters.hosts import BUILTIN_HOSTS
+from fl_adapters.hosts import builtin_hosts
 
 DISABLE_ENV = "FEDBALANCE_DISABLE_HOST_AUTOLOAD"
 FORCE_ENV = "FEDBALANCE_FORCE_HOST"
-#: FedLab has no config file: this variable is how a stock FedLab script asks for an aggregator
-FEDLAB_AGGREGATOR_ENV = "FEDBALANCE_AGGREGATOR"
-#: top-level host package -> module whose ``arm()`` adapts it (the built-in host specs that
-#: arm; a third-party host arms itself)
-HOOKS = {h.name: h.arm for h in BUILTIN_HOSTS if h.arm is not None}
+#: top-level host package -> its spec, for the built-in hosts that arm
+SPECS = {h.name: h for h in builtin_hosts() if h.arm is not None}
+#: top-level host package -> module whose ``arm()`` adapts it
+HOOKS = {name: h.arm for name, h in SPECS.items()}
 #: host -> the releases whose internals the adapters were written against
-SUPPORTED = {h.name: h.releases for h in BUILTIN_HOSTS if h.arm is not None}
-LABELS = {h.name: h.label for h in BUILTIN_HOSTS}
+SUPPORTED = {name: h.releases for name, h in SPECS.items()}
+LABELS = {h.name: h.label for h in builtin_hosts()}
 #: host -> why it runs stock in this process (set when fedbalance did not arm it)
 NOT_ARMED: dict[str, str] = {}
 _MISSING = object()
@@ -133,9 +134,11 @@ def _tell_once(host: str, reason: str) -> None:
 
 def arm_host(host: str, module: ModuleType) -> None:
     """Arm ``host``'s adapter; any failure leaves the host stock (see the module docstring)."""
+    spec = SPECS[host]
     reason = unsupported(host, host_version(host, module))
-    if host == "fedlab" and not os.environ.get(FEDLAB_AGGREGATOR_ENV, "").strip():
-        if reason is not None:  # nothing to arm; say once that nothing would be
+    asked = spec.asked() if spec.asked is not None else None
+    if asked is None and spec.guard is None:  # not asked for: nothing to arm
+        if reason is not None:  # say once that nothing would be
             _tell_once(host, reason)
         return
     if reason is None:
@@ -144,41 +147,28 @@ def arm_host(host: str, module: ModuleType) -> None:
             return
         except Exception as e:
             PATCHES[host].undo()
-            # FEDBALANCE_AGGREGATOR names an unknown plugin or bad arguments: the user's error;
-            # a host that lacks what the adapter patches (moved module, renamed method) is not.
-            if host == "fedlab" and not (
-                isinstance(e, (ImportError, AttributeError))
-                and not type(e).__module__.startswith("fl_adapters")
-            ):
+            # A process that asked for an unknown plugin or bad arguments made the user's
+            # error; a host that lacks what the adapter patches (moved module, renamed
+            # method) is not.
+            if asked is not None and not lacks(e):
                 raise
             reason = (
                 f"arming fedbalance's adapter for {LABELS[host]} {host_version(host, module)} "
                 f"failed ({type(e).__name__}: {e})"
             )
-    if host == "fedlab":
-        raise HostNotSupported(f"{FEDLAB_AGGREGATOR_ENV} is set: {refusal(host, reason)}")
+    if asked is not None:
+        raise HostNotSupported(f"{asked}: {refusal(host, reason)}")
     _tell_once(host, reason)
-    _guard_fedml(module, reason)
+    if spec.guard is not None:
+        spec.guard(module, reason)
 
 
-def _guard_fedml(fedml: ModuleType, reason: str) -> None:
-    """Stock FedML, except that ``fedml.init()`` stops a config naming ``aggregator:``."""
-    init = getattr(fedml, "init", None)
-    if not callable(init):
-        return
-
-    def guarded_init(*a: Any, **kw: Any) -> Any:
-        args = init(*a, **kw)
-        name = getattr(args, "aggregator", None)
-        if isinstance(name, str) and name.strip():
-            raise HostNotSupported(f"aggregator: {name.strip()}: {refusal('fedml', reason)}")
-        return args
-
-    try:
-        guarded_init.__wrapped__ = init  # type: ignore[attr-defined]
-        PATCHES["fedml"].set(fedml, "init", guarded_init)
-    except Exception:  # an init we cannot wrap: the host stays exactly stock
-        pass
+def lacks(error: BaseException) -> bool:
+    """Whether ``error``, raised while arming, says the host lacks what the adapter patches
+    (an import or attribute error from outside fedbalance)."""
+    return isinstance(error, (ImportError, AttributeError)) and not type(
+        error
+    ).__module__.startswith("fl_adapters")
 
 
 def require_host(host: str) -> None:
@@ -212,7 +202,7 @@ class _ArmingLoader(importlib.abc.Loader):
 
 
 class HostFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the real spec of ``fedlab`` / ``fedml`` to arm them."""
+    """Finds nothing itself: wraps the real spec of a host that arms (:data:`HOOKS`)."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from fl_adapters.hookspecs import hookimpl
-from fl_adapters.hosts import BUILTIN_HOSTS
+from fl_adapters.hosts import builtin_hosts
 from fl_partitions.builtin import BUILTIN_PARTITIONERS
 
 
@@ -22,4 +22,4 @@ def fedbalance_partitioners() -> list[type]:
 
 @hookimpl
 def fedbalance_hosts() -> list[object]:
-    return list(BUILTIN_HOSTS)
+    return list(builtin_hosts())

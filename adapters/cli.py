@@ -21,7 +21,7 @@ from typing import Any
 from fl_adapters._table import PARTITION_HEADER, markdown_table, partition_row
 from fl_adapters.autoload import HostNotSupported
 from fl_adapters.config import RunConfig, RunFailed
-from fl_adapters.hosts import RunOptions
+from fl_adapters.hosts import RunOptions, builtin_hosts
 from fl_adapters.inputs import InputError, load_json, load_yaml
 from fl_adapters.registry import build_aggregator, get_registry
 from fl_adapters.run.directory import claim
@@ -191,30 +191,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_fedlab_server(args: argparse.Namespace) -> int:
-    from fl_adapters.fedlab.runner import run_server
-
-    config = load_config(args.config)
-    with claim(Path(args.out), resume=args.resume, overwrite=args.overwrite):
-        run_server(
-            config,
-            Path(args.out),
-            args.world_size,
-            args.host,
-            progress=not args.no_progress,
-            resume=args.resume,
-        )
-    return 0
-
-
-def cmd_fedlab_client(args: argparse.Namespace) -> int:
-    from fl_adapters.fedlab.runner import run_client
-
-    resume_from = Path(args.resume_from) if args.resume_from else None
-    run_client(load_config(args.config), args.rank, args.world_size, args.host, resume_from)
-    return 0
-
-
 def cmd_astraea_plan(args: argparse.Namespace) -> int:
     from fl_adapters.astraea import AstraeaPlanner
     from fl_adapters.sampling import sample_round
@@ -328,7 +304,8 @@ def optional_float(text: str) -> float | None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="fedbalance", description="Bias-mitigation plugins for FedLab, FedML and Flower."
+        prog="fedbalance",
+        description=f"Bias-mitigation plugins for {', '.join(h.label for h in builtin_hosts())}.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -381,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--processes",
         type=positive_int,
         default=2,
-        help="client processes for framework fedlab-distributed",
+        help="client processes, for a framework whose run starts them (see fedbalance list)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
@@ -401,27 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("fedlab-server", help="the server role of a FedLab cross-process run")
-    p.add_argument("config")
-    p.add_argument("--out", default="runs/run")
-    p.add_argument(
-        "--world-size", type=positive_int, required=True, help="1 server + client processes"
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--overwrite", action="store_true", help="replace another run's records in OUT")
-    p.set_defaults(func=cmd_fedlab_server)
-
-    p = sub.add_parser("fedlab-client", help="one client process of a FedLab cross-process run")
-    p.add_argument("config")
-    p.add_argument("--rank", type=positive_int, required=True)
-    p.add_argument("--world-size", type=positive_int, required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument(
-        "--resume-from", default=None, help="the server's checkpoint.pt, when resuming a run"
-    )
-    p.set_defaults(func=cmd_fedlab_client)
+    for spec in builtin_hosts():  # their own subcommands (a plugin host's are refused)
+        if spec.commands is not None:
+            spec.commands(sub)
 
     p = sub.add_parser("astraea", help="Astraea tools")
     astraea = p.add_subparsers(dest="astraea_command", required=True)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fl_adapters.hosts import BUILTIN_HOSTS
+from fl_adapters.hosts import HostSpec, builtin_hosts
 from fl_adapters.inputs import InputError, brief, check_tree, load_yaml
 from fl_checks import (
     FedbalanceError,
@@ -84,7 +84,8 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 class RunConfig:
     """One federated run: data, partition, model, aggregator and training schedule."""
 
-    framework: str = "fedlab"
+    #: Default: the first built-in host's first framework.
+    framework: str = field(default_factory=lambda: builtin_hosts()[0].frameworks[0])
     dataset: str = "fmnist"
     data_dir: str | None = None
     model: str = "thesis_cnn"
@@ -108,12 +109,7 @@ class RunConfig:
     backend: str = "mpi"
 
     def __post_init__(self) -> None:
-        # The framework values the registered hosts serve (fl_adapters.hosts); the plugins
-        # are loaded only for a framework no built-in host serves.
-        if not any(self.framework in h.frameworks for h in BUILTIN_HOSTS):
-            from fl_adapters.registry import get_registry
-
-            _choice("framework", self.framework, tuple(get_registry().frameworks()))
+        host = self.host()  # the framework values the registered hosts serve
         if isinstance(self.dataset, str) and self.dataset.startswith("npy:"):
             if not self.dataset[4:]:
                 raise ConfigError("dataset npy:PATH needs a path, e.g. npy:data/mine.npz")
@@ -128,19 +124,11 @@ class RunConfig:
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("eval_data", self.eval_data, EVAL_DATA)
         _choice("backend", self.backend, BACKENDS)
-        if self.backend == "grpc" and self.framework != "fedml-cross-silo":
+        if self.backend != BACKENDS[0] and (self.framework, self.backend) not in host.backends:
+            takes = [f for h in builtin_hosts() for f, b in h.backends if b == self.backend]
             raise ConfigError(
-                f"backend: grpc is for framework: fedml-cross-silo; got framework: {self.framework}"
-            )
-        if self.eval_data != "clients" and self.framework.startswith("fedml"):
-            raise ConfigError(
-                f"eval_data: {self.eval_data} is for the FedLab frameworks; {self.framework} "
-                "reports FedML's own test metrics"
-            )
-        if self.framework.startswith("flower") and self.eval_data != "clients":
-            raise ConfigError(
-                f"eval_data must be clients for {self.framework} (Flower evaluates on the "
-                f"clients' test splits); got {self.eval_data!r}"
+                f"backend: {self.backend} is for framework: {', '.join(takes)}; got framework: "
+                f"{self.framework}"
             )
         if isinstance(self.partition, str):
             self.partition = {"name": self.partition}
@@ -175,12 +163,6 @@ class RunConfig:
                 "eval_fraction samples clients: it is for eval_data: clients or val, not test "
                 "(the dataset's test set is one evaluation)"
             )
-        if self.eval_fraction < 1.0 and self.framework in ("fedml-mpi", "fedml-cross-silo"):
-            raise ConfigError(
-                f"eval_fraction must be 1 for {self.framework}: FedML's server tests the global "
-                f"test set there (one evaluation, not the clients' splits); got "
-                f"{self.eval_fraction!r}"
-            )
         self.port = check_value(check_int_range, "port", self.port, 1024, 65535)
         if self.max_samples is not None:
             self.max_samples = check_value(check_positive_int, "max_samples", self.max_samples)
@@ -189,6 +171,19 @@ class RunConfig:
                 check_fractions, "split", self.split, 3, labels=SPLIT_NAMES, first_positive=True
             )
         )
+        host.check(self)  # the host's own rules (its spec's check)
+
+    def host(self) -> HostSpec:
+        """The spec of the host that serves :attr:`framework` (the built-in hosts first: the
+        plugins are loaded only for a framework none of them serves)."""
+        for spec in builtin_hosts():
+            if self.framework in spec.frameworks:
+                return spec
+        from fl_adapters.registry import get_registry
+
+        registry = get_registry()
+        _choice("framework", self.framework, tuple(registry.frameworks()))
+        return registry.host_for(self.framework)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> RunConfig:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_adapters.config import ConfigError, RunConfig
+from fl_adapters.config import RunConfig
 from fl_adapters.registry import build_aggregator, get_registry
 from fl_aggregators.record import jsonable
 from fl_partitions import Partition
@@ -51,13 +51,6 @@ def is_mediated(aggregator: str) -> bool:
 
 def check(config: RunConfig) -> dict[str, Any]:
     """Validate ``config`` end to end without training; a summary of what a run would use."""
-    if is_mediated(config.aggregator) and config.framework.startswith("fedml-"):
-        epochs = config.aggregator_args.get("mediator_epochs", 1)
-        if config.framework != "fedml-sp" and epochs != 1:
-            raise ConfigError(
-                f"aggregator_args: mediator_epochs must be 1 in {config.framework} (each FedML "
-                f"process trains once a round, as FedML's client counts rounds), got {epochs!r}"
-            )
     _, labels, partition = training_data(config)
     from fl_adapters.models import model_for
 

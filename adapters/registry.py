@@ -33,11 +33,13 @@ import pluggy
 
 from fl_adapters import builtin, hookspecs
 from fl_adapters.autoload import env_flag
-from fl_adapters.hosts import HostSpec
+from fl_adapters.hosts import HostSpec, builtin_hosts
 from fl_checks import FedbalanceError, ParameterError
 from fl_partitions.base import Partitioner
 from fl_partitions.builtin import make_partitioner
 
+#: The host spec fields read for the built-in hosts only, before any plugin is loaded.
+BUILTIN_ONLY = ("arm", "asked", "guard", "commands")
 GROUP = "fedbalance"
 DISTRIBUTION = "fedbalance"
 DISABLE_ENV = "FEDBALANCE_DISABLE_PLUGIN_AUTOLOAD"
@@ -243,10 +245,19 @@ class Registry:
         table[key] = PluginInfo(name=key, cls=cls, source=source)
 
     def _check_host(self, spec: Any, source: str) -> None:
-        """A host is a :class:`HostSpec` whose ``framework`` values no other host serves."""
+        """A host is a :class:`HostSpec` whose ``framework`` values no other host serves; a
+        plugin's sets none of the fields read before plugins load (:data:`BUILTIN_ONLY`)."""
         if not isinstance(spec, HostSpec):
             raise PluginError(
                 f"fedbalance_hosts() of {source} returned {spec!r}, not a fl_adapters.hosts.HostSpec"
+            )
+        builtin_only = [f for f in BUILTIN_ONLY if getattr(spec, f) is not None]
+        if builtin_only and spec not in builtin_hosts():
+            raise PluginError(
+                f"host {spec.name!r} of {source} sets {', '.join(builtin_only)}, which fedbalance "
+                "reads for its built-in hosts only (at interpreter start and to build its command "
+                "line, before any plugin is loaded): a plugin host arms itself when its package "
+                "is imported and runs through `fedbalance run`; leave them unset"
             )
         for other in self._tables["hosts"].values():
             shared = sorted(set(spec.frameworks) & set(cast(HostSpec, other.cls).frameworks))

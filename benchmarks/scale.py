@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from fl_adapters._training import TRAIN_CLOCK
-from fl_adapters.hosts import POLLING_ENV
+from fl_adapters.flower.spec import POLLING_ENV
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "fedbalance bench scale"

@@ -74,7 +74,7 @@ def test_a_fedml_checkpoint_round_trips_and_refuses_another_run(tmp_path: Path) 
     assert torch.equal(ckpt.model["w"], params["w"]) and ckpt.model["steps"].dtype == torch.int64
     # comm_round may grow (the host spec's may_change); anything that changes the run may not,
     # and the error names it.
-    from fl_adapters.hosts import FEDML
+    from fl_adapters.fedml.spec import FEDML
 
     assert checkpoint.MAY_CHANGE is FEDML.may_change and "comm_round" in FEDML.may_change
     checkpoint.load(fedml_args(resume_from=str(tmp_path), comm_round=10))

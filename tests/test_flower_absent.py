@@ -27,11 +27,18 @@ def test_fedbalance_imports_and_lists_without_flwr() -> None:
     assert out.returncode == 0 and "fedloss" in out.stdout
 
 
-def test_asking_for_the_flower_adapter_says_what_to_install() -> None:
+@pytest.mark.parametrize("name", ["strategy_from_run_config", "train_reply", "evaluate_reply"])
+def test_asking_for_the_flower_adapter_says_what_to_install(name: str) -> None:
+    """The package and its host spec import without flwr (the registry reads the spec); any
+    name of the adapter checks flwr first."""
+    import fl_adapters.flower
+    from fl_adapters.flower.spec import FLOWER
+
+    assert FLOWER.frameworks == ("flower", "flower-deployment")
     with pytest.raises(
         ImportError, match=r"needs flwr 1\.41\.x or 1\.42\.x, which is not installed: "
     ):
-        import fl_adapters.flower  # noqa: F401
+        getattr(fl_adapters.flower, name)
 
 
 def test_fedbalance_run_on_flower_without_flwr_exits_2_naming_it(tmp_path: Path) -> None:

@@ -460,13 +460,15 @@ def test_a_fourth_host_is_one_module_and_one_entry_point(
 
 
 def test_two_hosts_serving_one_framework_are_named(with_entry_points) -> None:  # type: ignore[no-untyped-def]
-    from fl_adapters.hosts import FEDLAB
+    from fl_adapters.fedlab.spec import FEDLAB
 
     mod = types.ModuleType("fb_clash")
 
     @hookimpl
     def fedbalance_hosts() -> list[Any]:
-        return [dataclasses.replace(FEDLAB, name="fedlab2")]
+        return [
+            dataclasses.replace(FEDLAB, name="fedlab2", arm=None, asked=None, commands=None)
+        ]
 
     mod.fedbalance_hosts = fedbalance_hosts  # type: ignore[attr-defined]
     with_entry_points(FakeEntryPoint("clash", "fb_clash", FakeDist("fb-clash"), mod))
@@ -475,7 +477,7 @@ def test_two_hosts_serving_one_framework_are_named(with_entry_points) -> None:  
 
 
 def test_a_host_named_like_a_builtin_is_named_with_both(with_entry_points) -> None:  # type: ignore[no-untyped-def]
-    from fl_adapters.hosts import FEDLAB
+    from fl_adapters.fedlab.spec import FEDLAB
 
     mod = types.ModuleType("fb_twin")
 
@@ -530,3 +532,20 @@ def test_a_hook_returning_what_it_does_not_promise_is_refused_by_name(
         Registry()
     assert f"fedbalance plugin 'liar' from fb-liar: fedbalance_{kind}() returned" in str(err.value)
     assert words in str(err.value)
+
+
+def test_a_plugin_host_that_sets_what_only_built_in_hosts_use_is_refused(with_entry_points) -> None:  # type: ignore[no-untyped-def]
+    """Arming and subcommands are read before plugins load: a plugin host setting them would
+    be silently ignored, so the registry refuses it, naming the fields."""
+    from fl_adapters.fedlab.spec import FEDLAB
+
+    mod = types.ModuleType("fb_armed")
+
+    @hookimpl
+    def fedbalance_hosts() -> list[Any]:
+        return [dataclasses.replace(FEDLAB, name="armed", frameworks=("armed",))]
+
+    mod.fedbalance_hosts = fedbalance_hosts  # type: ignore[attr-defined]
+    with_entry_points(FakeEntryPoint("armed", "fb_armed", FakeDist("fb-armed"), target=mod))
+    with pytest.raises(PluginError, match="host 'armed' of fb-armed sets arm, asked, commands"):
+        Registry()

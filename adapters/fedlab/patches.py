@@ -29,16 +29,17 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fl_adapters._training import evaluate, stream_seed
 from fl_adapters.astraea import AstraeaPlanner, RebalancedCache, dataset_tensors, run_mediator
-from fl_adapters.autoload import FEDLAB_AGGREGATOR_ENV, PATCHES
+from fl_adapters.autoload import PATCHES
 from fl_adapters.client_metrics import measure, requested
 from fl_adapters.fedlab.payload import encode, pack_meta
+from fl_adapters.fedlab.spec import AGGREGATOR_ENV
 from fl_adapters.inputs import brief, load_json
 from fl_adapters.registry import get_registry
 from fl_checks import ParameterError
 
 log = logging.getLogger(__name__)
 
-ENV_AGGREGATOR = FEDLAB_AGGREGATOR_ENV
+ENV_AGGREGATOR = AGGREGATOR_ENV
 ENV_ARGS = "FEDBALANCE_AGGREGATOR_ARGS"
 ENV_SEED = "FEDBALANCE_SEED"
 VAL_FRACTION = 0.1

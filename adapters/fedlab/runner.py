@@ -44,7 +44,7 @@ from fl_adapters.fedlab.astraea import (
 )
 from fl_adapters.fedlab.data import PartitionedDataset
 from fl_adapters.fedlab.handler import FedBalanceServerHandler
-from fl_adapters.fedlab.launch import check_processes
+from fl_adapters.fedlab.launch import check_processes, load_checkpoint
 from fl_adapters.fedlab.trainer import FedBalanceSerialTrainer, LocalConfig, UplinkHook
 from fl_adapters.registry import build_aggregator, get_registry
 from fl_adapters.run.lifecycle import Rounds, open_for_resume
@@ -298,10 +298,9 @@ def run_standalone(
         def evaluate(self) -> None:  # evaluation happens after each aggregation (on_round)
             pass
 
-    rounds = Rounds(config, out_dir, "fedlab", resume)
-    ckpt = rounds.resumed
+    ckpt = load_checkpoint(config, out_dir) if resume else None
     exp = build(config)
-    writer = MetricsWriter(exp, rounds, progress)
+    writer = MetricsWriter(exp, Rounds(config, out_dir, "fedlab", ckpt), progress)
     handler = make_handler(exp, on_round=writer)
     model = copy.deepcopy(exp.model)
     trainer: FedBalanceSerialTrainer
@@ -342,10 +341,9 @@ def run_server(
 
     from fl_adapters.fedlab.network import BoundNetwork
 
-    rounds = Rounds(config, out_dir, "fedlab", resume)
-    ckpt = rounds.resumed
+    ckpt = load_checkpoint(config, out_dir) if resume else None
     exp = build(config)
-    writer = MetricsWriter(exp, rounds, progress)
+    writer = MetricsWriter(exp, Rounds(config, out_dir, "fedlab", ckpt), progress)
     network = BoundNetwork((host, str(config.port)), world_size=world_size, rank=0)
     sent = {"down": 0, "up": 0}
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fl_adapters.checkpoint import NAME, Checkpoint, CheckpointError, check_plan, refuse_changes
-from fl_adapters.hosts import FEDML
+from fl_adapters.fedml.spec import FEDML
 from fl_adapters.run.lifecycle import capture, open_for_resume
 from fl_checks import ParameterError
 

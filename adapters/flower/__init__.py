@@ -2,23 +2,23 @@
 
 Unlike FedLab and FedML, Flower needs no patching: a Flower app asks for fedbalance in its own
 code (``strategy_from_run_config(context.run_config)`` in the ServerApp, :func:`train_reply` in
-the ClientApp), so nothing is armed at import. Importing this package *is* asking for the
-Flower adapter: it checks the installed flwr first and raises
+the ClientApp), so nothing is armed at import. Using any name of this package is asking for
+the Flower adapter: it checks the installed flwr first
+(:func:`~fl_adapters.flower.spec.require_flower`) and raises
 :class:`~fl_adapters.autoload.HostNotSupported` naming the version it found, or an
-``ImportError`` saying how to install it. Nothing else in fedbalance imports this package, so
-fedbalance keeps working where flwr is absent or another release.
+``ImportError`` saying how to install it. Importing the package itself checks nothing, so that
+its host spec (:mod:`fl_adapters.flower.spec`) is read where flwr is absent or another
+release, and fedbalance keeps working there.
 
-The names are re-exported lazily: importing the package checks flwr's version but imports
-no flwr module until a name is used.
+The names are re-exported lazily: no flwr module is imported until a name is used.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from fl_adapters.autoload import FORCE_ENV, HostNotSupported, forced
-from fl_adapters.hosts import FLOWER
+from fl_adapters.flower.spec import RELEASES, SUPPORTED, flwr_version, require_flower
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on use
     from fl_adapters.flower.astraea import (
@@ -35,45 +35,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         local_split,
         train_reply,
     )
-
-#: The Flower releases (``major.minor``) this adapter was written and tested against.
-RELEASES = FLOWER.releases
-#: The oldest of them, as ``pip`` would be asked for it.
-SUPPORTED = RELEASES[0]
-
-
-def flwr_version() -> str | None:
-    try:
-        return importlib.metadata.version("flwr")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def served(version: str) -> bool:
-    """Whether flwr ``version`` is one of :data:`RELEASES` (any patch release of them)."""
-    return any(version == r or version.startswith(r + ".") for r in RELEASES)
-
-
-def require_flower() -> str:
-    """The installed flwr version, if the adapter can serve it; else a clear error."""
-    names = " or ".join(f"{r}.x" for r in RELEASES)
-    version = flwr_version()
-    if version is None:
-        raise ImportError(
-            f"fedbalance's Flower adapter needs flwr {names}, which is not installed: "
-            f"pip install 'fedbalance[flower]' (in its own environment: flwr needs "
-            f"protobuf>=5, FedML 0.9.6 protobuf<4)"
-        )
-    if not served(version) and not forced():
-        raise HostNotSupported(
-            f"found flwr {version}; fedbalance's Flower adapter supports flwr {names}. "
-            f"Install one of those beside 'fedbalance[flower]', or set {FORCE_ENV}=1 to use "
-            f"it anyway (at your risk)"
-        )
-    return version
-
-
-require_flower()
 
 _SOURCES = {
     "AppConfig": "config",
@@ -113,4 +74,5 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in _SOURCES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    require_flower()
     return getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)

@@ -15,7 +15,7 @@ from typing import Any
 
 from fl_adapters.checkpoint import NAME, Checkpoint, refuse_changes
 from fl_adapters.flower.config import WHERE
-from fl_adapters.hosts import FLOWER
+from fl_adapters.flower.spec import FLOWER
 from fl_adapters.run.lifecycle import open_for_resume
 
 HOST = FLOWER.name

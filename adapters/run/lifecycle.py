@@ -144,15 +144,17 @@ def open_for_resume(path: Path, host: str, config: dict[str, Any] | None = None)
 class Rounds:
     """An in-process host's run, kept by the lifecycle: the host's loop reports each round
     (:meth:`done`) and writes nothing itself. The records start fresh or, resumed, cut back to
-    :attr:`resumed`'s round, whose state the loop restores before its next round."""
+    :attr:`resumed`'s round, whose state the loop restores before its next round. Made once
+    the run is known to start (the config and data checked): it readies the files."""
 
-    def __init__(self, config: RunConfig, out: Path, host: str, resume: bool = False) -> None:
+    def __init__(
+        self, config: RunConfig, out: Path, host: str, resumed: Checkpoint | None = None
+    ) -> None:
         self.config, self.host = config, host
         out.mkdir(parents=True, exist_ok=True)
         self.files = RunFiles(out)
-        self.resumed = (
-            open_for_resume(self.files.checkpoint, host, config.to_dict()) if resume else None
-        )
+        #: The checkpoint a resumed run continues from (:func:`open_for_resume`), or ``None``.
+        self.resumed = resumed
         done = self.resumed.round if self.resumed is not None else None
         self.rows = self.files.kept_rows(self.files.rows(), done) if done is not None else []
         self.files.start(done)
@@ -201,7 +203,11 @@ def in_process(
     def run(config: RunConfig, out: Path, options: RunOptions) -> dict[str, Any]:
         from fl_adapters.checkpoint import recording_to
 
-        rounds = Rounds(config, out, host, options.resume)
+        files = RunFiles(out)
+        resumed = (
+            open_for_resume(files.checkpoint, host, config.to_dict()) if options.resume else None
+        )
+        rounds = Rounds(config, out, host, resumed)
         with recording_to(rounds.files.record):
             loop(config, rounds)
         return rounds.finish()

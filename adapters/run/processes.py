@@ -368,9 +368,9 @@ def _port_claims() -> Iterator[set[int]]:
         live: dict[int, float] = {}
         for line in fh.read().splitlines():
             with contextlib.suppress(ValueError):
-                port, expiry = line.split()
+                word, expiry = line.split()
                 if float(expiry) > now:
-                    live[int(port)] = float(expiry)
+                    live[int(word)] = float(expiry)
         claimed = set(live)
         yield claimed
         for port in claimed - set(live):

@@ -139,7 +139,7 @@ def test_what_may_change_on_resume_is_the_host_specs(tmp_path: Path) -> None:
     """The Flower spec declares its resumable run-config keys; the checkpoint check reads them
     there (a key the spec lists may change, any other is refused)."""
     from fl_adapters.flower import config
-    from fl_adapters.hosts import FLOWER
+    from fl_adapters.flower.spec import FLOWER
 
     keys = {config.CHECKPOINT_KEY, config.RESUME_KEY, config.EVAL_EVERY_KEY,
             config.EVAL_FRACTION_KEY, checkpoint.ROUNDS_KEY}  # fmt: skip

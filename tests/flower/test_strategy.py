@@ -254,7 +254,7 @@ def test_installed_flower_is_accepted() -> None:
 def test_every_supported_flower_release_is_served(
     monkeypatch: pytest.MonkeyPatch, installed: str
 ) -> None:
-    import fl_adapters.flower as adapter
+    import fl_adapters.flower.spec as adapter
 
     monkeypatch.setattr(adapter, "flwr_version", lambda: installed)
     assert adapter.require_flower() == installed
@@ -272,7 +272,7 @@ def test_every_supported_flower_release_is_served(
 def test_other_flower_release_is_refused_naming_both_versions(
     monkeypatch: pytest.MonkeyPatch, installed: str | None, message: str
 ) -> None:
-    import fl_adapters.flower as adapter
+    import fl_adapters.flower.spec as adapter
 
     monkeypatch.setattr(adapter, "flwr_version", lambda: installed)
     monkeypatch.delenv("FEDBALANCE_FORCE_HOST", raising=False)

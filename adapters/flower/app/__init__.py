@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fl_adapters.hosts import ACTORS_ENV, MAX_ACTORS, POLLING, POLLING_ENV
+from fl_adapters.flower.spec import ACTORS_ENV, MAX_ACTORS, POLLING, POLLING_ENV
 
 __all__ = ["ACTORS_ENV", "MAX_ACTORS", "POLLING", "POLLING_ENV", "backend_config"]
 
