@@ -230,9 +230,25 @@ def cell_text(cell: dict[str, Any] | None) -> str:
     return f"{cell['diff']:+.2f} [{cell['lo']:+.2f}, {cell['hi']:+.2f}]{mark}"
 
 
+def verdict(better: list[tuple[Any, ...]], worse: list[tuple[Any, ...]]) -> str:
+    """Which method a setting's intervals recommend: those above FedAvg on some figure and below
+    it on none (the largest gain first); else FedAvg, with the methods to avoid."""
+    below = sorted({m for _, m, *_ in worse})
+    gains: dict[str, float] = {}
+    for d, m, *_ in better:
+        if m not in below:
+            gains[m] = max(gains.get(m, d), d)
+    if gains:
+        return "use " + " or ".join(sorted(gains, key=lambda m: -gains[m]))
+    avoid = f" (avoid {', '.join(below)})" if below else ""
+    if better:
+        return f"keep FedAvg{avoid}: each method above it on one figure is below it on another"
+    return f"keep FedAvg{avoid}: no method is above it on any figure"
+
+
 def advice(diffs: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
-    """Per setting, which method to use: methods whose interval on final accuracy or balanced
-    accuracy lies above FedAvg's (the largest such gain first), those below it, or none."""
+    """Per setting, which method to use (:func:`verdict`), then the methods whose interval
+    on a figure lies above FedAvg's (the largest such gain first), those below it, or none."""
     lines = []
     for setting in SETTINGS:
         better, worse = [], []
@@ -271,7 +287,12 @@ def advice(diffs: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
                 )  # fmt: skip
             )
         if not parts:
-            parts.append("no method differs from FedAvg here (every 95 % interval holds zero)")
+            parts.append(
+                "no method differs from FedAvg here (every 95 % interval holds zero): FedAvg, "
+                "the simplest, is enough"
+            )
+        else:
+            parts.insert(0, f"**{verdict(better, worse)}**")
         lines.append(f"- **{setting}**: " + ". ".join(parts) + ".")
     return lines
 

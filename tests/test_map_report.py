@@ -33,7 +33,10 @@ def test_paired_differences_and_their_verdicts() -> None:
     assert flat["diff"] == pytest.approx(1 / 3) and not flat["excludes_zero"]
     assert "**✱**" in bench_map.cell_text(up) and "✱" not in bench_map.cell_text(flat)
     advice = "\n".join(bench_map.advice(diffs))
-    assert "**iid**: above FedAvg: fedloss on final accuracy by +3.00 points" in advice
+    assert (
+        "**iid**: **use fedloss**. above FedAvg: fedloss on final accuracy by +3.00 points"
+        in advice
+    )
     assert "**dirichlet 0.1**: not measured yet" in advice
     one = bench_map.differences({k: v for k, v in records.items() if k[2] == 0}, 3)
     assert bench_map.cell_text(one["accuracy"]["iid"]["fedloss"]) == "+3.00 (n = 1)"
@@ -45,6 +48,21 @@ def test_a_setting_where_no_interval_excludes_zero_says_so() -> None:
                for s in range(3) for i, m in enumerate(("fedavg", "fedmedian"))}  # fmt: skip
     advice = "\n".join(bench_map.advice(bench_map.differences(records, 3)))
     assert "**iid**: no method differs from FedAvg here" in advice
+
+
+@pytest.mark.parametrize(
+    ("better", "worse", "said"),
+    [
+        ([(3.0, "fedloss"), (1.0, "astraea")], [], "use fedloss or astraea"),
+        ([(3.0, "fedloss")], [(-2.0, "fedloss")], "keep FedAvg (avoid fedloss): each method"),
+        ([], [(-2.0, "astraea")], "keep FedAvg (avoid astraea): no method is above it"),
+        ([(2.0, "fedloss"), (1.0, "astraea")], [(-1.0, "fedloss")], "use astraea"),
+    ],
+)
+def test_the_verdict_recommends_only_a_method_below_fedavg_on_no_figure(
+    better: list, worse: list, said: str
+) -> None:
+    assert bench_map.verdict(better, worse).startswith(said)
 
 
 def test_the_committed_map_is_what_its_records_give() -> None:
