@@ -9,6 +9,13 @@ then the class and client figures. Both evaluate the thesis CNN on the same clie
 same process, interleaved, so machine noise hits both; the result is the ratio of median times
 (the issue's bound: at most 5 % more).
 
+FedML's MPI simulation and cross-silo servers are the exception, measured separately
+(:func:`fedml_server`): FedML tests its global test set there, with no per-client view, so the
+client figures cost one more pass over the clients' test splits (``fl_adapters.fedml.patches.
+distributed.clients_figures``). Its reference is FedML's own server test
+(``DefaultServerAggregator.test``) on the global test set of fedbalance's FedML example, which
+is the union of the same clients' test splits.
+
     fedbalance bench perf-evaluate [--clients 30] [--repeats 7] [--dataset fmnist]
 """
 
@@ -59,6 +66,48 @@ def with_figures(model: nn.Module, parts: dict[int, Any], num_classes: int) -> f
     return counts.accuracy
 
 
+def fedml_server(model: nn.Module, parts: dict[int, Any], repeats: int) -> dict[str, Any]:
+    """FedML's server test on the union of ``parts`` (batches of 64, FedML's ``test``) against
+    that test followed by fedbalance's pass for the figures, interleaved; medians and ratio."""
+    import logging
+    from types import SimpleNamespace
+
+    from fedml.ml.aggregator.default_aggregator import DefaultServerAggregator
+    from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
+
+    from fl_adapters import bias
+    from fl_adapters._training import batches, evaluate_counts
+
+    args = SimpleNamespace(dataset="fmnist", enable_wandb=False, round_idx=0)
+    server = DefaultServerAggregator(model, args)
+    # As the example's loaders hold them: each client's split as tensors, batches of 64.
+    tensors = []
+    for ds in parts.values():
+        xs, ys = zip(*batches(ds, 1024), strict=True)
+        tensors.append(TensorDataset(torch.cat(xs), torch.cat(ys)))
+    test_global = DataLoader(ConcatDataset(tensors), batch_size=64)
+    logging.getLogger().setLevel(logging.WARNING)  # FedML logs each test's figures at INFO
+
+    def stock() -> None:
+        server.test(test_global, "cpu", args)
+
+    def with_figures() -> None:
+        stock()
+        per = {c: evaluate_counts(model, ds) for c, ds in parts.items()}
+        bias.class_figures(bias.total(list(per.values())))
+        bias.client_figures(per)
+
+    times: dict[str, list[float]] = {"FedML's test": [], "FedML's test + figures pass": []}
+    for _ in range(repeats):
+        for name, run in zip(times, (stock, with_figures), strict=True):
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    ratio = medians["FedML's test + figures pass"] / medians["FedML's test"]
+    return {"seconds": times, "median_s": medians, "ratio": ratio}
+
+
 def measure(dataset: str, clients: int, repeats: int, seed: int = 0) -> dict[str, Any]:
     from fl_adapters.config import RunConfig
     from fl_adapters.datasets import image_spec
@@ -87,6 +136,10 @@ def measure(dataset: str, clients: int, repeats: int, seed: int = 0) -> dict[str
             run()
             times[name].append(time.perf_counter() - start)
     medians = {k: statistics.median(v) for k, v in times.items()}
+    try:
+        fedml = fedml_server(model, parts, repeats)
+    except ImportError:  # FedML is not in this environment
+        fedml = None
     return {
         "command": COMMAND,
         "dataset": dataset,
@@ -96,6 +149,7 @@ def measure(dataset: str, clients: int, repeats: int, seed: int = 0) -> dict[str
         "seconds": times,
         "median_s": medians,
         "ratio": medians["with bias figures"] / medians["accuracy only"],
+        "fedml_server": fedml,
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
     }
@@ -120,8 +174,31 @@ def report(result: dict[str, Any]) -> str:
             "",
             f"Ratio now / before: **{result['ratio']:.3f}** (the bound: 1.05).",
             "",
+            *fedml_lines(result.get("fedml_server")),
         ]
     )
+
+
+def fedml_lines(fedml: dict[str, Any] | None) -> list[str]:
+    if fedml is None:
+        return ["FedML's MPI and cross-silo servers: not measured (FedML not installed).", ""]
+    m = fedml["median_s"]
+    return [
+        "## FedML's MPI simulation and cross-silo servers",
+        "",
+        "FedML's server tests its global test set, with no per-client view; the client figures "
+        "are one more pass over the clients' test splits (here the same samples: fedbalance's "
+        "FedML example makes its global test set the union of the clients' splits, held as "
+        f"tensors in batches of 64). The pass costs {100 * (fedml['ratio'] - 1):.0f} % of "
+        f"FedML's test: {'within' if fedml['ratio'] <= 1.05 else 'over'} the 5 % bound.",
+        "",
+        "| evaluation | median s |",
+        "|---|---|",
+        *(f"| {name} | {s:.4f} |" for name, s in m.items()),
+        "",
+        f"Ratio with the figures / FedML's test alone: **{fedml['ratio']:.3f}**.",
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
