@@ -232,6 +232,24 @@ def test_fedlab_example_style_runs_stock_and_with_the_variable(
     got = [r["aggregator"] for r in records(rec)]
     assert got == ["fedavgm", "fedavgm"], armed.stderr[-3000:]  # stderr says if it armed
     assert checksum(armed.stdout) != checksum(stock.stdout)
+    # The same example with the line docs/run.md gives: bias.figures on FedLab's own loaders.
+    script = str(HOSTS / "fedlab_example_figures.py")
+    shown = run([str(fedlab), script, *common[1:]], tmp_path, **env)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    accs = [float(line.split("test-acc ")[1]) for line in shown.stdout.splitlines()
+            if "test-acc" in line]  # fmt: skip
+    found = [json.loads(line.split(" ", 1)[1]) for line in shown.stdout.splitlines()
+             if line.startswith("FIGURES ")]  # fmt: skip
+    assert len(found) == len(accs) == 2
+    for acc, fig in zip(accs, found, strict=True):  # FedLab's evaluate, the same pass's figures
+        assert round(fig["accuracy"], 4) == acc and fig["samples"] == 2000
+        present = [r for r in fig["class_recall"] if r is not None]
+        assert fig["balanced_accuracy"] == pytest.approx(sum(present) / len(present))
+        assert fig["worst_class_recall"] == min(present)
+    per_client = [json.loads(line.split(" ", 2)[2]) for line in shown.stdout.splitlines()
+                  if line.startswith("CLIENT FIGURES ")]  # fmt: skip
+    assert [f["clients_evaluated"] for f in per_client] == [3, 3]
+    assert sorted(per_client[0]["client_accuracy"]) == ["0", "1", "2"]
 
 
 def test_a_bundled_benchmark_runs_from_the_installed_wheel(fedlab: Path, tmp_path: Path) -> None:
