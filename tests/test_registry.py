@@ -466,9 +466,7 @@ def test_two_hosts_serving_one_framework_are_named(with_entry_points) -> None:  
 
     @hookimpl
     def fedbalance_hosts() -> list[Any]:
-        return [
-            dataclasses.replace(FEDLAB, name="fedlab2", arm=None, asked=None, commands=None)
-        ]
+        return [dataclasses.replace(FEDLAB, name="fedlab2", arm=None, asked=None, commands=None)]
 
     mod.fedbalance_hosts = fedbalance_hosts  # type: ignore[attr-defined]
     with_entry_points(FakeEntryPoint("clash", "fb_clash", FakeDist("fb-clash"), mod))
