@@ -109,6 +109,32 @@ def output_dirs(
     return out_dir, runs
 
 
+#: Options that name folders of the machine that ran a benchmark (its output and its runs):
+#: never written into a committed report (:func:`public`).
+MACHINE_KEYS = ("out", "out_dir", "runs_dir", "modes_dir")
+
+
+def public(opts: dict[str, Any]) -> dict[str, Any]:
+    """A benchmark's options as its committed report keeps them: without the folders of the
+    machine that ran it (:data:`MACHINE_KEYS`)."""
+    return {k: v for k, v in opts.items() if k not in MACHINE_KEYS}
+
+
+def scrubbed(value: Any, folders: dict[str, str]) -> Any:
+    """``value`` (JSON-like) with each of ``folders``' paths in its strings replaced by its
+    name (``{"/root/.cache/fedbalance/runs": "RUNS"}``): error messages that name files of the
+    machine that ran a benchmark, as a committed report keeps them."""
+    if isinstance(value, str):
+        for path, name in folders.items():
+            value = value.replace(path, name)
+        return value
+    if isinstance(value, dict):
+        return {k: scrubbed(v, folders) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrubbed(v, folders) for v in value]
+    return value
+
+
 def path_slug(*parts: str) -> str:
     """``parts`` joined by ``-`` as a file name: anything but ``[A-Za-z0-9-_.]`` becomes ``_``."""
     keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in "-".join(parts))

@@ -42,6 +42,7 @@ from typing import Any
 from fedbalance_benchmarks._runs import (
     mean_std,
     output_dirs,
+    public,
     read_metrics,
     run_jobs,
     run_one,
@@ -517,6 +518,26 @@ def training_samples(opts: dict[str, Any]) -> int:
     return sum(len(c) for c in partition.client_indices)
 
 
+def report_doc(
+    records: dict[tuple[str, int], dict[str, Any]], opts: dict[str, Any], command: str
+) -> dict[str, Any]:
+    """The report's JSON, from the same records as its Markdown: the options (no folder of
+    this machine), the command, and per variant and seed the accuracy curve with its best and
+    final (last 10 rounds) accuracy."""
+    runs = [
+        {
+            "variant": v,
+            "seed": s,
+            "best": max(rec["accuracy"]),
+            "best_round": 1 + rec["accuracy"].index(max(rec["accuracy"])),
+            "final": final(rec),
+            "accuracy": rec["accuracy"],
+        }
+        for (v, s), rec in sorted(records.items())
+    ]
+    return {"options": public(opts), "command": command.strip(), "runs": runs}
+
+
 def report(
     records: dict[tuple[str, int], dict[str, Any]], opts: dict[str, Any], command: str
 ) -> str:
@@ -631,13 +652,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     stem = opts["stem"]
     (out_dir / f"{stem}.md").write_text(text)
+    doc = report_doc(records, opts, command)
+    (out_dir / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
     by = {
         v: [records[(v, s)] for s in range(opts["seeds"]) if (v, s) in records]
         for v in opts["variants"]
     }
     plots({v: rs for v, rs in by.items() if rs}, opts, out_dir)
     print(text)
-    print(f"wrote {out_dir}/{stem}.md and its plot in {time.perf_counter() - start:.0f} s")
+    print(f"wrote {out_dir}/{stem}.md, .json and plot in {time.perf_counter() - start:.0f} s")
     return 0
 
 

@@ -106,7 +106,8 @@ def run_case(case: Case, work: Path) -> Outcome:
         verdict = (
             "refused clearly" if bounded and clean and exited and named and on_disk else "FAILED"
         )
-    return Outcome(case, code, seconds, peak, line, verdict)
+    # The case's own folder is a temporary one of this machine: the report says WORK.
+    return Outcome(case, code, seconds, peak, line.replace(str(work), "WORK"), verdict)
 
 
 @contextmanager

@@ -30,7 +30,15 @@ from typing import Any
 
 import torch
 
-from fedbalance_benchmarks._runs import mean_std, output_dirs, path_slug, read_metrics, run_jobs
+from fedbalance_benchmarks._runs import (
+    mean_std,
+    output_dirs,
+    path_slug,
+    public,
+    read_metrics,
+    run_jobs,
+    scrubbed,
+)
 from fedbalance_benchmarks.reliability_faults import faults
 from fedbalance_benchmarks.reliability_inputs import ASTRAEA_LIES_HEADER, astraea_lies, bad_inputs
 from fedbalance_benchmarks.reliability_quantity import QUANTITY_HEADER, SAMPLE_CLIPS, quantity_cost
@@ -500,20 +508,11 @@ def main(argv: list[str] | None = None) -> int:
         from fedbalance_benchmarks.hostile import with_reliability_section
 
         text = with_reliability_section(text, hostile_report.read_text())
-    (out_dir / f"{stem}.md").write_text(text)
-    (out_dir / f"{stem}.json").write_text(
-        json.dumps(
-            {
-                "options": opts,
-                "summary": summary,
-                "quantity": quantity,
-                "kill": kill,
-                "runs": runs,
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    folders = {str(runs_dir): "RUNS"}  # error messages name the runs' files there
+    (out_dir / f"{stem}.md").write_text(scrubbed(text, folders))
+    doc = {"options": public(opts), "summary": summary, "quantity": quantity, "kill": kill,
+           "runs": runs}  # fmt: skip
+    (out_dir / f"{stem}.json").write_text(json.dumps(scrubbed(doc, folders), indent=1) + "\n")
     plot(summary, out_dir / f"{stem}.png")
     print(text)
     print(f"wrote {out_dir}/{stem}.md, .json and .png in {time.perf_counter() - start:.0f} s")

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fedbalance_benchmarks._runs import RESULTS, mean_std
+from fedbalance_benchmarks._runs import RESULTS, mean_std, public
 from fedbalance_benchmarks.thesis import (
     HOST_LABELS,
     SCENARIOS,
@@ -332,7 +332,7 @@ def write_report(
         text += CHANGES.format(progress=progress) + "\n"
     (out_dir / f"{stem}.md").write_text(text)
     (out_dir / f"{stem}.json").write_text(
-        json.dumps({"options": opts, "runs": curves}, indent=1) + "\n"
+        json.dumps({"options": public(opts), "runs": curves}, indent=1) + "\n"
     )
     plots(curves, opts, out_dir, stem)
     return text
