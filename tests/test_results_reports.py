@@ -64,3 +64,18 @@ def test_a_measured_report_is_its_json_written_out(module: str) -> None:
     report = importlib.import_module(f"fedbalance_benchmarks.{module}").report
     result = json.loads((RESULTS / f"{module}.json").read_text())
     assert (RESULTS / f"{module}.md").read_text() == report(result)
+
+
+def test_the_readme_quotes_the_astraea_reports_two_readings() -> None:
+    """The README's Astraea lines set the paper's formula beside the paper (best over rounds)
+    and the bounded default beside it, each as the report's paired-difference cell says."""
+    text = (RESULTS / "astraea_fmnist_letters.md").read_text()
+    readme = (RESULTS.parents[1] / "README.md").read_text()
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[3].strip()
+        for line in text.split("## Against the paper", 1)[1].splitlines()
+        if line.startswith("| Astraea, ")
+    }
+    assert len(rows) == 2
+    for cell in rows.values():
+        assert cell.startswith(("+", "-")) and cell in readme.replace("\n", " "), cell
