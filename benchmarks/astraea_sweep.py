@@ -45,12 +45,11 @@ import logging
 import shutil
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 from fedbalance_benchmarks import astraea
-from fedbalance_benchmarks._runs import output_dirs, read_metrics, run_one, worker_init
+from fedbalance_benchmarks._runs import output_dirs, read_metrics, run_one
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +141,6 @@ def jobs(opts: dict[str, Any]) -> list[tuple[str, str, int, dict[str, Any]]]:
 def collect(opts: dict[str, Any], run: bool = True) -> dict[tuple[str, str, int], dict[str, Any]]:
     """Every ``(arm, setting, seed)``'s record: recorded ones as they are, the others run
     (unless ``run`` is false) in worker processes, each record written as its run ends."""
-    from tqdm import tqdm
-
     per_run = Path(opts["out_dir"]) / "per-run" / opts["stem"]
     records, todo = {}, []
     for arm, setting, seed, cfg in jobs(opts):
@@ -156,33 +153,10 @@ def collect(opts: dict[str, Any], run: bool = True) -> dict[tuple[str, str, int]
     if not todo:
         return records
     print(f"{opts['stem']}: {len(records)} runs recorded in {per_run}, {len(todo)} to run")
-    failed = []
-    runs_dir = Path(opts["runs_dir"])
-    with ProcessPoolExecutor(max_workers=opts["workers"], initializer=worker_init) as pool:
-        futures = {
-            pool.submit(
-                _run_record, cfg, str(runs_dir / astraea.slug(arm) / setting / f"seed{seed}")
-            ): (arm, setting, seed, path)
-            for arm, setting, seed, cfg, path in todo
-        }
-        bar = tqdm(as_completed(futures), total=len(futures), desc="astraea-sweep runs", unit="run")
-        for fut in bar:
-            arm, setting, seed, path = futures[fut]
-            try:
-                rec = fut.result()
-            except Exception as exc:  # one bad run must not cost the others
-                log.error("%s %s seed %d failed: %s", arm, setting, seed, exc)
-                failed.append(f"{arm} {setting} seed {seed}: {exc}")
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(rec) + "\n")
-            records[(arm, setting, seed)] = rec
-            bar.write(
-                f"{arm} {setting} seed {seed}: score {100 * score(rec[SCORED]):.2f}"
-                f" in {rec['elapsed_s']:.0f} s"
-            )
-    if failed:
-        raise SystemExit(f"{len(failed)} run(s) failed:\n" + "\n".join(failed))
+    from fedbalance_benchmarks.thesis import _run_todo  # the grids' pool: one record a run
+
+    runs_dir, workers = Path(opts["runs_dir"]), opts["workers"]
+    _run_todo(todo, runs_dir, per_run, records, workers, opts["stem"], _run_record, astraea.slug)
     return records
 
 
