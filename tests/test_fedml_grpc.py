@@ -8,6 +8,7 @@ ipconfig file change. Sizes are the other FedML tests' (2,000 Fashion-MNIST samp
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -31,9 +32,11 @@ pytest.importorskip("grpc")
 
 from fl_adapters.config import ConfigError, RunConfig  # noqa: E402
 from fl_adapters.fedml.ipconfig import check_grpc, free_ports, write_ipconfig  # noqa: E402
+from fl_adapters.fedml.patches.sp import FIGURES  # noqa: E402
 from fl_adapters.run.processes import watch  # noqa: E402
 
 FINAL_MODEL_HOST = Path(__file__).parent / "hosts" / "fedml_final_model.py"
+FINAL_FIGURES_HOST = Path(__file__).parent / "hosts" / "fedml_final_figures.py"
 #: Three processes share two cores here; one torch thread each is faster, and makes every run
 #: sum in the same order whatever launched it (mpirun binds cores, so torch's default differs).
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -190,13 +193,23 @@ def test_grpc_astraea_matches_the_mpi_cross_silo_run(tmp_path: Path, started: li
         grpc_dir,
         grpc_config(grpc_dir, **train_args),
         [0, 1, 2],
-        FINAL_MODEL_HOST,
+        FINAL_FIGURES_HOST,
         FEDBALANCE_RECORD=str(grpc_dir / "rec.jsonl"),
         FINAL_MODEL=str(grpc_dir / "final.pt"),
+        FINAL_FIGURES=str(grpc_dir / "figures.json"),
     )
     # One run after the other: both at once would put six processes on two cores, beside the
     # other test worker's (not faster when tried here, under load).
-    finish(procs, grpc_dir)
+    server_log = finish(procs, grpc_dir)
+    # The user's bias.figures on FedML's loaders, after the run, are the figures fedbalance
+    # logged for the last round (the same final model on the same clients' test splits).
+    mine = json.loads((grpc_dir / "figures.json").read_text())
+    logged = [line.split(FIGURES, 1)[1] for line in server_log.splitlines() if FIGURES in line]
+    assert len(logged) == 2, server_log[-3000:]
+    last = json.loads(logged[-1])
+    for key in ("accuracy", "balanced_accuracy", "worst_class", "client_acc_mean"):
+        assert mine[key] == pytest.approx(last[key]), key
+    assert mine["client_accuracy"] == pytest.approx(last["client_accuracy"])
     env = {
         "FEDBALANCE_RECORD": str(mpi_dir / "rec.jsonl"),
         "FINAL_MODEL": str(mpi_dir / "final.pt"),
