@@ -109,6 +109,16 @@ def output_dirs(
     return out_dir, runs
 
 
+def matching_record(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-run record at ``path`` if it is of the run ``key`` describes (its ``config``),
+    else ``None`` (none there, unreadable, or another run's: that run is done again)."""
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if rec.get("config") == key else None
+
+
 #: Options that name folders of the machine that ran a benchmark (its output and its runs):
 #: never written into a committed report (:func:`public`).
 MACHINE_KEYS = ("out", "out_dir", "runs_dir", "modes_dir")

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbalance_benchmarks._runs import (
+    matching_record,
     mean_std,
     output_dirs,
     public,
@@ -168,11 +169,7 @@ def _run_record(cfg: dict[str, Any], out: str) -> dict[str, Any]:
 
 
 def load_record(path: Path, cfg: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return rec if rec.get("config") == record_key(cfg) else None
+    return matching_record(path, record_key(cfg))
 
 
 def collect(opts: dict[str, Any], run: bool = True) -> dict[tuple[str, int], dict[str, Any]]:

@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedbalance_benchmarks._runs import RESULTS, read_metrics, run_one
+from fedbalance_benchmarks._runs import RESULTS, matching_record, read_metrics, run_one
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +147,7 @@ def _run_record(cfg: dict[str, Any], out: str) -> dict[str, Any]:
 
 
 def load_record(path: Path, cfg: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return rec if rec.get("config") == record_key(cfg) else None
+    return matching_record(path, record_key(cfg))
 
 
 def jobs(opts: dict[str, Any]) -> list[tuple[str, str, int]]:

@@ -32,7 +32,13 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from fedbalance_benchmarks._runs import RESULTS, read_metrics, run_one, worker_init
+from fedbalance_benchmarks._runs import (
+    RESULTS,
+    matching_record,
+    read_metrics,
+    run_one,
+    worker_init,
+)
 
 log = logging.getLogger(__name__)
 
@@ -199,11 +205,8 @@ def load_record(path: Path, cfg: dict[str, Any]) -> dict[str, Any] | None:
     """The record at ``path`` if it is this run's (same resolved config), else None. A run with
     a bound on must say in which rounds it changed a weight: a record from before that was noted
     is stale."""
-    try:
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if rec.get("config") != record_key(cfg):
+    rec = matching_record(path, record_key(cfg))
+    if rec is None:
         return None
     bounded = any(cfg["aggregator_args"].get(k) is not None for k in BOUNDS)
     return None if bounded and "bounded_rounds" not in rec else rec
