@@ -221,23 +221,57 @@ def evaluate_counts(
     """The summed cross-entropy loss and, per class, the samples and correct predictions of
     ``model`` over ``data`` (a dataset or ``DataLoader`` of pairs or dicts, see
     :func:`batches`): one pass, from which accuracy and every bias figure follow
-    (:mod:`fl_adapters.bias`). The class vectors cover the model's outputs (and any label
-    beyond them)."""
+    (:mod:`fl_adapters.bias`). The class vectors cover the model's outputs; a label beyond
+    them is refused by the loss, as in training."""
     model.eval()
     loss_sum = 0.0
-    total = correct = torch.zeros(0, dtype=torch.int64)
+    # One count vector a pass, two cells a class: 2c for a miss, 2c + 1 for a hit.
+    cells = torch.zeros(0, dtype=torch.int64)
     criterion = nn.CrossEntropyLoss(reduction="sum")
     device = device_of(model)
     for x, y in batches(data, batch_size, keys=keys):
         x, y = x.to(device), y.to(device)
         out = model(x)
         loss_sum += float(criterion(out, y))
-        k = max(out.shape[1], len(total))
-        y = y.cpu()
-        hit = y[(out.argmax(dim=1) == y.to(out.device)).cpu()]
-        total = _grown(total, k) + torch.bincount(y, minlength=k)[:k].to(torch.int64)
-        correct = _grown(correct, k) + torch.bincount(hit, minlength=k)[:k].to(torch.int64)
+        tally = torch.bincount(2 * y + (out.argmax(dim=1) == y), minlength=2 * out.shape[1])
+        cells = tally.cpu() if len(cells) == 0 else _grown(cells, len(tally)) + tally.cpu()
+    total, correct = cells[0::2] + cells[1::2], cells[1::2]
     return Counts(loss_sum, total.numpy(), correct.numpy())
+
+
+@torch.no_grad()
+def evaluate_counts_in_parts(model: nn.Module, data: Any, sizes: list[int]) -> list[Counts]:
+    """:func:`evaluate_counts` of each part of ``data``, in one pass over it: ``data`` (a
+    ``DataLoader`` that keeps its order, or a dataset) holds the parts one after the other,
+    ``sizes[i]`` samples of part ``i``, as a ``ConcatDataset`` of the parts does. The batches
+    are ``data``'s own, so a pass that served one figure for the whole serves every part."""
+    model.eval()
+    bounds = torch.tensor(np.cumsum(sizes), dtype=torch.int64)
+    criterion = nn.CrossEntropyLoss(reduction="none")
+    device = device_of(model)
+    parts, seen, expected = len(sizes), 0, int(sum(sizes))
+    cells = torch.zeros(0, dtype=torch.int64)
+    losses = torch.zeros(parts, dtype=torch.float64)
+    for x, y in batches(data, 1024):
+        out = model(x.to(device))
+        y = y.to(device)
+        if seen + len(y) > expected:
+            raise ValueError(f"data holds more samples than the parts' sizes ({expected})")
+        part = torch.bucketize(torch.arange(seen, seen + len(y)), bounds, right=True)
+        seen += len(y)
+        losses.index_add_(0, part, criterion(out, y).double().cpu())
+        k = 2 * out.shape[1]  # two cells a class, as in evaluate_counts
+        cell = part.to(device) * k + 2 * y + (out.argmax(dim=1) == y)
+        tally = torch.bincount(cell, minlength=parts * k).view(parts, k).cpu()
+        cells = tally if len(cells) == 0 else cells + tally
+    if seen != expected:
+        raise ValueError(f"data holds {seen} samples, the parts' sizes {expected}")
+    if len(cells) == 0:
+        return [Counts() for _ in sizes]
+    return [
+        Counts(float(loss), (c[0::2] + c[1::2]).numpy(), c[1::2].numpy())
+        for loss, c in zip(losses, cells, strict=True)
+    ]
 
 
 def _grown(v: torch.Tensor, k: int) -> torch.Tensor:

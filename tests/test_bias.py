@@ -71,3 +71,29 @@ def test_figures_of_a_model_on_clients_loaders() -> None:
     first = float((pred[:20] == y[:20]).float().mean())
     assert got["client_accuracy"]["0"] == pytest.approx(first)
     assert figures(model, TensorDataset(x, y))["accuracy"] == got["accuracy"]
+
+
+def test_counts_in_parts_of_one_pass_equal_each_parts_own_pass() -> None:
+    """``evaluate_counts_in_parts`` over a concatenation, its batches crossing the parts'
+    boundaries and one part empty, counts what each part's own pass counts."""
+    import torch
+    from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
+
+    from fl_adapters._training import evaluate_counts, evaluate_counts_in_parts
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    parts = [TensorDataset(torch.randn(n, 4), torch.randint(0, 3, (n,))) for n in (7, 0, 12, 5)]
+    joined = DataLoader(ConcatDataset(parts), batch_size=5)
+    got = evaluate_counts_in_parts(model, joined, [len(p) for p in parts])
+    for mine, part in zip(got, parts, strict=True):
+        want = evaluate_counts(model, part) if len(part) else Counts()
+        three = [np.pad(v, (0, 3 - len(v))).tolist() for v in (mine.total, want.total)]
+        assert three[0] == three[1]
+        three = [np.pad(v, (0, 3 - len(v))).tolist() for v in (mine.correct, want.correct)]
+        assert three[0] == three[1]
+        assert mine.loss_sum == pytest.approx(want.loss_sum, rel=1e-6)
+    with pytest.raises(ValueError, match="parts' sizes"):
+        evaluate_counts_in_parts(model, joined, [7, 0, 12])
+    with pytest.raises(ValueError, match="parts' sizes"):
+        evaluate_counts_in_parts(model, joined, [7, 0, 12, 6])

@@ -23,6 +23,7 @@ import yaml
 from helpers import check_fedloss_records, records
 
 from fl_adapters._training import TRAIN_CLOCK
+from fl_adapters.fedml.runner import FIGURES_LINE
 from fl_aggregators import ClientUpdate, FedLoss
 from fl_checks import ParameterError
 
@@ -104,6 +105,11 @@ def test_mpi_simulation_aggregates_with_fedloss(tmp_path: Path) -> None:
     assert re.findall(r"test_on_server_for_all_clients : (\d+)", log) == ["1", "2"]
     # one accuracy a tested round: what `fedbalance run` maps to rounds 2 and 3 (collect_rows)
     assert len(final_test_metrics(log)) == 2
+    # FedML's test of a round is answered from the figures' pass (one pass, the same samples)
+    accs = [float(a) for a in re.findall(r"'test_acc': ([0-9.eE+-]+)", log)]
+    figures = [json.loads(f) for f in re.findall(FIGURES_LINE, log)]
+    assert accs == [f["accuracy"] for f in figures] and len(accs) == 2
+    assert "one evaluation pass more" not in log
 
 
 @pytest.mark.slow

@@ -101,6 +101,7 @@ class RunState:
     silo_astraea: SiloAstraea | None = None
     planned_round: int | str | None = None  #: the round the Astraea relay is planned for
     forwarding: bool = False  #: a mediator's model is being passed along its chain
+    told_second_pass: bool = False  #: said that the server's figures cost a pass more
     first_round: int | None = None  #: a resumed server's first round
     mpi_sampled: list[int] = field(default_factory=list)  #: FedML's clients of the MPI round
     lsa_weighing: Weighing | None = None  #: LightSecAgg: the weights of the round being masked

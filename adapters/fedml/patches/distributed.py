@@ -6,6 +6,7 @@ and resume, and the round number a resumed server's messages carry.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,8 @@ from fl_adapters.fedml import checkpoint
 from fl_adapters.fedml.adapter import clean_params, current, evaluation, train_with_validation
 from fl_adapters.fedml.astraea import SiloAstraea, seeded_training, silo_data, take_rad, with_rad
 from fl_adapters.fedml.payload import KEY_ROUND
+
+log = logging.getLogger(__name__)
 
 
 def train(self: Any, original: Any, round_idx: Any = None) -> Any:
@@ -58,20 +61,86 @@ def tested(args: Any, round_idx: int) -> bool:
 
 def clients_figures(aggregator: Any) -> None:
     """The bias figures of the server's global model on every client's test split the server
-    holds (``test_data_local_dict``), counted per class and client: one pass more than FedML's
-    own test, which tests its global test set (or a sample of it) and has no per-client view."""
+    holds (``test_data_local_dict``), counted per class and client.
+
+    Where FedML's server test would pass over the union of those splits (:func:`tests_union`,
+    as in fedbalance's FedML example), the counts come from that very pass, over FedML's own
+    global test set and batches, each sample counted for its client; FedML's test then reads
+    its figures from them (:func:`answer_test`): one pass, as before the figures. Elsewhere
+    (a server aggregator with a test of its own, a test set of other samples) the figures cost
+    a pass of their own over the splits, which the server says once."""
     from fl_adapters import bias
-    from fl_adapters._training import evaluate_counts
+    from fl_adapters._training import evaluate_counts, evaluate_counts_in_parts
     from fl_adapters.fedml.patches.sp import log_figures
 
     model = getattr(aggregator.aggregator, "model", None)
     held = getattr(aggregator, "test_data_local_dict", None) or {}
     if model is None or not held:
         return
-    per: dict[int, bias.Counts] = {
-        int(c): evaluate_counts(model, data) for c, data in sorted(held.items()) if data
-    }
+    test_global = getattr(aggregator, "test_global", None)
+    if tests_union(aggregator.aggregator, test_global, held):
+        order = sorted(held)
+        sizes = [len(held[c].dataset) for c in order]
+        counts = evaluate_counts_in_parts(model, test_global, sizes)
+        per = {int(c): n for c, n in zip(order, counts, strict=True) if n.n}
+        answer_test(aggregator, test_global, bias.total(counts))
+    else:
+        if not current().told_second_pass:
+            current().told_second_pass = True
+            log.info(
+                "fedbalance: the bias figures cost one evaluation pass more than FedML's server "
+                "test here (its server aggregator tests in its own way, or its global test set "
+                "is not the union of the clients' test splits)"
+            )
+        per = {int(c): evaluate_counts(model, data) for c, data in sorted(held.items()) if data}
     log_figures(per)
+
+
+def tests_union(server: Any, test_global: Any, held: dict[Any, Any]) -> bool:
+    """Whether FedML's server test is its stock ``DefaultServerAggregator`` pass over a global
+    test set that holds exactly the clients' test splits ``held``, in client order: their
+    datasets concatenated, each once, read in order."""
+    from fedml.ml.aggregator.default_aggregator import DefaultServerAggregator
+
+    stock = all(
+        getattr(type(server), m, None) is getattr(DefaultServerAggregator, m)
+        for m in ("test", "_test")
+    )
+    dataset = getattr(test_global, "dataset", None)
+    parts = getattr(dataset, "datasets", None)
+    mine = [getattr(held[c], "dataset", None) for c in sorted(held)]
+    return (
+        stock
+        and isinstance(dataset, torch.utils.data.ConcatDataset)
+        and isinstance(getattr(test_global, "sampler", None), torch.utils.data.SequentialSampler)
+        and parts is not None
+        and len(parts) == len(mine)
+        and all(a is b for a, b in zip(parts, mine, strict=True))
+    )
+
+
+def answer_test(aggregator: Any, test_global: Any, counts: Any) -> None:
+    """FedML's server test of this round (``DefaultServerAggregator._test`` on ``test_global``)
+    answered from ``counts``, which a pass over that same set made: its correct count, total
+    and summed loss, as FedML's pass would sum them. Another round, or another set, runs
+    FedML's pass."""
+    server = aggregator.aggregator
+    round_idx = int(aggregator.args.round_idx)
+    metrics = {
+        "test_correct": int(counts.correct.sum()),
+        "test_loss": counts.loss_sum,  # FedML's: the batches' mean loss times their size
+        "test_precision": 0,
+        "test_recall": 0,
+        "test_total": counts.n,
+    }
+    fedml_test = type(server)._test.__get__(server)
+
+    def answered(data: Any, device: Any, args: Any) -> Any:
+        if data is test_global and int(args.round_idx) == round_idx:
+            return dict(metrics)
+        return fedml_test(data, device, args)
+
+    server._test = answered  # this round's; the next tested round sets its own
 
 
 def update_model(self: Any, original: Any, weights: Any) -> Any:
