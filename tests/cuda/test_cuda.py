@@ -139,6 +139,31 @@ def test_training_and_evaluation_follow_a_gpu_model() -> None:
     assert after[2] == 64 and after[0] < before[0]
 
 
+def test_the_bias_counts_of_a_gpu_model_equal_its_cpu_counts() -> None:
+    """Per-class counts (one pass, and one pass split into clients, as FedML's server makes
+    it) on a GPU model equal the same model's on the CPU."""
+    from torch.utils.data import ConcatDataset, DataLoader
+
+    from fl_adapters._training import evaluate_counts, evaluate_counts_in_parts
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 5))
+    g = torch.Generator().manual_seed(3)
+    parts = [
+        TensorDataset(torch.randn(n, 4, 4, generator=g), torch.randint(0, 5, (n,), generator=g))
+        for n in (40, 0, 70)
+    ]
+    joined = DataLoader(ConcatDataset(parts), batch_size=16)
+    sizes = [len(p) for p in parts]
+    cpu = [evaluate_counts(net, joined), *evaluate_counts_in_parts(net, joined, sizes)]
+    net.to(GPU)
+    gpu = [evaluate_counts(net, joined), *evaluate_counts_in_parts(net, joined, sizes)]
+    for a, b in zip(gpu, cpu, strict=True):
+        assert a.total.tolist() == b.total.tolist() and a.correct.tolist() == b.correct.tolist()
+        assert a.loss_sum == pytest.approx(b.loss_sum, rel=1e-5)
+    assert gpu[0].n == 110 and sum(c.n for c in gpu[1:]) == 110
+
+
 # -- FedLab's stock example on the GPU, armed by the environment ---------------------------------
 def mnist_like(root: Path, train: int = 1200, test: int = 300) -> Path:
     """Random MNIST-format idx files where torchvision's ``MNIST`` looks (the test machine's
