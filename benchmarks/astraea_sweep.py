@@ -5,7 +5,7 @@ Learning With Global Imbalanced Data in Mobile Systems", IEEE TPDS 2021) at the 
 both with Adam lr 1e-3: the paper does not give its optimizer, and one rate for two arms that
 train so differently (FedAvg: 20 clients x 5 local epochs; Astraea: 50 clients in mediators of
 10, Em = 2 sequential passes) favours whichever it happens to suit. This sweep gives each arm a
-small grid (Adam 3e-4, 1e-3, 3e-3; plain SGD 0.01, 0.03, 0.1) at the benchmark's design, taken
+small grid (Adam 3e-4, 1e-3, 3e-3; plain SGD 0.01, 0.03, 0.1, 0.3) at the benchmark's design, taken
 from :func:`fedbalance_benchmarks.astraea.run_config`, and chooses per arm.
 
     fedbalance bench astraea-sweep [--rounds 200] [--seeds 1] [--workers 1] [--no-run]
@@ -25,7 +25,7 @@ Where it departs from the benchmark, and why:
   score by ~1.7 points: read differences of a point or two as ties.
 - **One seed.** The rounds are the benchmark's 200: measured here (niced, beside other work
   on a 2-core machine), a run took ~3.8 s a round for FedAvg and ~1.9 s for Astraea, so the
-  12 runs take about 2 hours on one worker; ``--rounds`` reduces them. The best round and its
+  14 runs take about 2 hours on one worker; ``--rounds`` reduces them. The best round and its
   accuracy are reported beside the score, so a setting that rises and then falls (as
   Astraea's mediators do at Adam 1e-3) shows.
 - **SGD is plain** (no momentum): the library builds a fresh optimizer for every local
@@ -63,6 +63,7 @@ SETTINGS: tuple[tuple[str, float], ...] = (
     ("sgd", 0.01),
     ("sgd", 0.03),
     ("sgd", 0.1),
+    ("sgd", 0.3),  # both arms chose 0.1, the edge of the grid before it
 )
 #: The benchmark's rounds: short enough to sweep at (see the module docstring).
 ROUNDS = astraea.FULL["rounds"]
@@ -79,21 +80,10 @@ def setting_name(optimizer: str, lr: float) -> str:
     return f"{optimizer}_lr{lr:g}"
 
 
-def parse_setting(text: str) -> tuple[str, float]:
-    """``adam:1e-3`` -> ``("adam", 0.001)`` (for ``--settings``)."""
-    optimizer, _, lr = text.partition(":")
-    try:
-        return optimizer, float(lr)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"a setting is OPTIMIZER:LR, e.g. adam:1e-3; got {text!r}"
-        ) from None
-
-
 def run_config(arm: str, optimizer: str, lr: float, seed: int, opts: dict[str, Any]) -> dict:
     """The benchmark's run of ``arm`` at ``optimizer``/``lr``, evaluated on validation data."""
-    cfg = astraea.run_config(arm, seed, opts)
-    return {**cfg, "optimizer": optimizer, "lr": lr, "split": VAL_SPLIT, "eval_data": "val"}
+    cfg = astraea.run_config(arm, seed, {**opts, "arm_settings": {arm: (optimizer, lr)}})
+    return {**cfg, "split": VAL_SPLIT, "eval_data": "val"}
 
 
 def stem_of(opts: dict[str, Any]) -> str:
@@ -102,27 +92,35 @@ def stem_of(opts: dict[str, Any]) -> str:
     )
 
 
-def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
-    """A finished run, compactly: its config and per round the validation figures."""
-    rows = read_metrics(out)
-    summary = json.loads((out / "summary.json").read_text())
-    return {
+def make_record(cfg: dict[str, Any], out: Path, diverged: str | None = None) -> dict[str, Any]:
+    """A run, compactly: its config and per round the validation figures; a run stopped
+    because its rounds aggregated nothing (a rate that diverges: every client's model NaN)
+    keeps the rounds it finished and why it stopped (``diverged``)."""
+    rows = read_metrics(out) if (out / "metrics.jsonl").exists() else []
+    summary = json.loads((out / "summary.json").read_text()) if diverged is None else {}
+    rec = {
         "config": astraea.record_key(cfg),
         "rounds": [r["round"] for r in rows],
         PLAIN: [r.get(PLAIN) for r in rows],
         SCORED: [r.get("balanced_accuracy") for r in rows],
         "sample_passes": [r["sample_passes"] for r in rows],
-        "elapsed_s": summary["elapsed_s"],
+        "elapsed_s": summary.get("elapsed_s"),
     }
+    return rec if diverged is None else {**rec, "diverged": diverged}
 
 
 def _run_record(cfg: dict[str, Any], out: str) -> dict[str, Any]:
     """Run ``cfg`` in ``out`` (unless a finished run of the same config is there); its record."""
+    from fl_aggregators import NothingAggregated
+
     marker = Path(out) / "record_key.json"
     done = (Path(out) / "summary.json").exists() and marker.exists()
     if not done or json.loads(marker.read_text()) != astraea.record_key(cfg):
         shutil.rmtree(out, ignore_errors=True)
-        run_one(cfg, out)
+        try:
+            run_one(cfg, out)
+        except NothingAggregated as exc:  # the setting diverged: a result of the sweep
+            return make_record(cfg, Path(out), diverged=str(exc))
         marker.write_text(json.dumps(astraea.record_key(cfg)) + "\n")
     return make_record(cfg, Path(out))
 
@@ -187,6 +185,11 @@ def summarise(
             recs = [records[k] for k in keys if k in records]
             if len(recs) < len(keys):
                 continue
+            stopped = [r["diverged"] for r in recs if r.get("diverged")]
+            if stopped:  # no score: it is out of the choice
+                rows.append({"setting": name, "optimizer": optimizer, "lr": lr,
+                             "diverged": stopped[0], "score": None})  # fmt: skip
+                continue
             curve = mean_curve(recs, SCORED)
             best = max(range(len(curve)), key=curve.__getitem__)
             rows.append(
@@ -204,7 +207,9 @@ def summarise(
                 }
             )
         arms[arm] = rows
-        top = max(rows, key=lambda r: r["score"]) if len(rows) == len(opts["settings"]) else None
+        scored = [r for r in rows if r["score"] is not None]
+        complete = len(rows) == len(opts["settings"]) and scored
+        top = max(scored, key=lambda r: r["score"]) if complete else None
         chosen[arm] = None if top is None else {k: top[k] for k in ("optimizer", "lr", "score")}
     return {"arms": arms, "chosen": chosen}
 
@@ -220,9 +225,13 @@ def arm_table(rows: list[dict[str, Any]], chosen: dict[str, Any] | None) -> str:
     pick = (chosen["optimizer"], chosen["lr"]) if chosen else None
     cells = []
     for r in rows:
+        name = r["setting"] + (" (chosen)" if (r["optimizer"], r["lr"]) == pick else "")
+        if r["score"] is None:
+            cells.append([name, "diverged (below)", *["-"] * 6])
+            continue
         cells.append(
             [
-                r["setting"] + (" (chosen)" if (r["optimizer"], r["lr"]) == pick else ""),
+                name,
                 f"{100 * r['score']:.2f}",
                 f"{100 * r['best']:.2f}",
                 str(r["best_round"]),
@@ -242,7 +251,8 @@ def arm_table(rows: list[dict[str, Any]], chosen: dict[str, Any] | None) -> str:
         f"plain val % (last {LAST})",
         "seconds / run",
     ]
-    return markdown_table(header, cells)
+    stopped = [f"- {r['setting']} diverged: {r['diverged']}" for r in rows if r["score"] is None]
+    return markdown_table(header, cells) + ("\n\n" + "\n".join(stopped) if stopped else "")
 
 
 def report(
@@ -293,7 +303,8 @@ def report(
         f"![balanced validation accuracy per round]({opts['stem']}.png)",
         "",
         "*Chosen*: per arm, the setting with the highest score once every setting of the arm"
-        " has run; the benchmark runs each arm at its own. With one seed and a small rare class"
+        " has run (a setting that diverged, its rounds aggregating nothing once every client's"
+        " model held NaN, is out of the choice); the benchmark runs each arm at its own. With one seed and a small rare class"
         " in the validation splits, differences of a point or two are within the noise.",
     ]
     runs = [
@@ -326,7 +337,7 @@ def plot(
         for optimizer, lr in opts["settings"]:
             name = setting_name(optimizer, lr)
             keys = [(arm, name, s) for s in range(opts["seeds"])]
-            if all(k in records for k in keys):
+            if all(k in records and not records[k].get("diverged") for k in keys):
                 recs = [records[k] for k in keys]
                 curve = [100 * x for x in mean_curve(recs, SCORED)]
                 style = "-" if optimizer == "adam" else "--"
@@ -355,7 +366,7 @@ def options(argv: list[str] | None) -> tuple[dict[str, Any], bool]:
     ap.add_argument(
         "--settings",
         nargs="+",
-        type=parse_setting,
+        type=astraea.parse_setting,
         default=list(SETTINGS),
         help="OPTIMIZER:LR pairs, e.g. adam:1e-3 sgd:0.1",
     )
@@ -364,15 +375,8 @@ def options(argv: list[str] | None) -> tuple[dict[str, Any], bool]:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--runs-dir", type=Path, default=None)
     a = ap.parse_args(argv)
-    from fl_adapters.config import OPTIMIZERS
     from fl_adapters.datasets import bench_dataset
 
-    for optimizer, lr in a.settings:
-        if optimizer not in OPTIMIZERS or not lr > 0:
-            ap.error(
-                "--settings: each is OPTIMIZER:LR with OPTIMIZER one of"
-                f" {', '.join(OPTIMIZERS)} and LR > 0; got {optimizer}:{lr:g}"
-            )
     opts: dict[str, Any] = dict(astraea.QUICK if a.quick else astraea.FULL)
     opts.update(
         dataset=bench_dataset(a.dataset, a.quick),

@@ -128,3 +128,18 @@ def test_the_committed_sweep_is_what_its_records_give() -> None:
         assert path.with_suffix(".md").read_text() == text
         assert doc == json.loads(json.dumps(rebuilt))
         assert all(r["config"]["eval_data"] == "val" for r in doc["runs"])
+
+
+def test_a_diverged_setting_is_reported_and_out_of_the_choice() -> None:
+    """A rate whose rounds aggregate nothing (every client NaN) stops its run: the sweep
+    records why and chooses among the others."""
+    records = {
+        ("fedavg", "adam_lr0.001", 0): curve_record([0.2, 0.4, 0.5, 0.5, 0.5, 0.5]),
+        ("fedavg", "sgd_lr0.1", 0): {**curve_record([0.1]), "diverged": "rounds 2-6 ... NaN"},
+    }
+    summary = sweep.summarise(records, {**OPTS, "arms": ["fedavg"]})
+    adam, sgd = summary["arms"]["fedavg"]
+    assert sgd["score"] is None and sgd["diverged"] == "rounds 2-6 ... NaN"
+    assert summary["chosen"]["fedavg"]["optimizer"] == "adam"
+    table = sweep.arm_table(summary["arms"]["fedavg"], summary["chosen"]["fedavg"])
+    assert "| sgd_lr0.1" in table and "- sgd_lr0.1 diverged: rounds 2-6 ... NaN" in table
