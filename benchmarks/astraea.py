@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fedbalance_benchmarks._runs import (
+    RESULTS,
     matching_record,
     mean_std,
     output_dirs,
@@ -81,8 +82,55 @@ PAPER = {
 }
 
 
+def parse_setting(text: str) -> tuple[str, float]:
+    """``adam:1e-3`` -> ``("adam", 0.001)``: OPTIMIZER one of the runs' optimizers, LR > 0."""
+    from fl_adapters.config import OPTIMIZERS
+
+    optimizer, _, lr = text.partition(":")
+    try:
+        rate = float(lr)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"a setting is OPTIMIZER:LR, e.g. adam:1e-3; got {text!r}"
+        ) from None
+    if optimizer not in OPTIMIZERS or not rate > 0:
+        raise argparse.ArgumentTypeError(
+            f"a setting is OPTIMIZER:LR with OPTIMIZER one of {', '.join(OPTIMIZERS)} and"
+            f" LR > 0; got {text}"
+        )
+    return optimizer, rate
+
+
+def arm_of(variant: str) -> str:
+    """The arm of the sweep (``fedbalance bench astraea-sweep``) whose chosen optimizer and
+    learning rate ``variant`` trains with: FedAvg's for FedAvg, Astraea's for every Astraea
+    variant (they train as Astraea does, in mediators or alone)."""
+    return "fedavg" if VARIANTS[variant][0] == "fedavg" else "astraea"
+
+
+def sweep_path(dataset: str, profile: str) -> Path:
+    return RESULTS / f"astraea_sweep_{dataset}_{profile}.json"
+
+
+def chosen_settings(dataset: str, profile: str) -> dict[str, tuple[str, float]]:
+    """Per arm, the ``(optimizer, lr)`` the committed validation sweep chose; a clear stop
+    where the sweep has not chosen (the benchmark never falls back to an untuned rate)."""
+    path = sweep_path(dataset.removesuffix("_quick"), profile)
+    chosen = json.loads(path.read_text()).get("chosen", {}) if path.exists() else {}
+    missing = [arm for arm in ("fedavg", "astraea") if not chosen.get(arm)]
+    if missing:
+        raise SystemExit(
+            f"no optimizer chosen yet for {', '.join(missing)} in {path.name}: run "
+            f"`fedbalance bench astraea-sweep --dataset {dataset} --profile {profile}` first"
+        )
+    return {arm: (chosen[arm]["optimizer"], float(chosen[arm]["lr"])) for arm in chosen}
+
+
 def run_config(variant: str, seed: int, opts: dict[str, Any], framework: str = "fedlab") -> dict:
+    """``variant``'s run at ``seed``, training with its arm's setting in ``opts["arm_settings"]``
+    (:func:`chosen_settings`)."""
     aggregator, args, per_round, epochs = VARIANTS[variant]
+    optimizer, lr = opts["arm_settings"][arm_of(variant)]
     if opts["quick"]:  # 10x fewer clients: mediators of 5, rounds of 4 and 10 clients
         per_round //= 5
         args = {**args, "gamma": 5} if "gamma" in args else args
@@ -103,8 +151,8 @@ def run_config(variant: str, seed: int, opts: dict[str, Any], framework: str = "
         "local_epochs": epochs,
         "rounds": opts["rounds"],
         "seed": seed,
-        "optimizer": "adam",
-        "lr": 1e-3,
+        "optimizer": optimizer,
+        "lr": lr,
         "batch_size": opts["batch_size"],
         "eval_data": "test",
         **({"max_samples": opts["max_samples"]} if opts.get("max_samples") else {}),
@@ -116,7 +164,14 @@ def slug(variant: str) -> str:
 
 
 def stem_of(opts: dict[str, Any]) -> str:
-    return f"astraea_{opts['dataset']}_{opts['profile']}" + ("_quick" if opts["quick"] else "")
+    """The report's name: ``astraea_<dataset>_<profile>``, with ``_<optimizer>_lr<rate>`` when
+    ``--setting`` put both arms at one setting instead of the sweep's choices."""
+    fixed = opts.get("fixed_setting")
+    return (
+        f"astraea_{opts['dataset']}_{opts['profile']}"
+        + (f"_{fixed[0]}_lr{fixed[1]:g}" if fixed else "")
+        + ("_quick" if opts["quick"] else "")
+    )
 
 
 def record_key(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -131,9 +186,14 @@ def _mean(values: Any) -> float | None:
     return statistics.mean(values) if values else None
 
 
+def _rounded(values: list[float | None] | None) -> list[float | None] | None:
+    return None if values is None else [None if v is None else round(v, 5) for v in values]
+
+
 def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
-    """A finished run, compactly: per round the test accuracy, the samples trained (x local
-    epochs), bytes and mediator KL (expected and as trained); the plan and the data it added."""
+    """A finished run, compactly: per round the test accuracy and the bias figures (balanced
+    accuracy, worst-class recall, each class's recall), the samples trained (x local epochs),
+    bytes and mediator KL (expected and as trained); the plan and the data it added."""
     rows = read_metrics(out)
     summary = json.loads((out / "summary.json").read_text())
     astraea = summary.get("astraea") or {}
@@ -141,6 +201,9 @@ def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
         "config": record_key(cfg),
         "rounds": [r["round"] for r in rows],
         "accuracy": [r.get("test_accuracy") for r in rows],
+        "balanced_accuracy": [r.get("balanced_accuracy") for r in rows],
+        "worst_class_recall": [r.get("worst_class_recall") for r in rows],
+        "class_recall": [_rounded(r.get("class_recall")) for r in rows],
         "sample_passes": [r["sample_passes"] for r in rows],
         "bytes": [r["bytes_up"] + r["bytes_down"] for r in rows],
         "elapsed_s": summary["elapsed_s"],
@@ -420,8 +483,8 @@ What still differs from the paper:
   paper's tau_d = 3.5 never downsamples; the `tau_d=1.0` row (a threshold from the paper's own
   sweep) is where downsampling runs. The resampling keeps {samples} of Fashion-MNIST's 60,000
   training images, about {per_client:.0f} a client.
-- **Model.** The paper's EMNIST CNN (`astraea_cnn`, 68,873 parameters at 47 classes; fewer
-  at 10), trained with Adam lr 1e-3: the paper does not give its optimizer.
+- **Model and optimizer.** The paper's EMNIST CNN (`astraea_cnn`, 68,873 parameters at 47
+  classes; fewer at 10). The paper does not give its optimizer; here: {optimizer}.
 - **Rounds and seeds.** {rounds} rounds and seeds {seeds}; the paper shows curves to 300 rounds
   and reports the best accuracy of one run. We report the best, the mean of the last 10
   rounds and paired differences.
@@ -521,6 +584,20 @@ def training_samples(opts: dict[str, Any]) -> int:
     return sum(len(c) for c in partition.client_indices)
 
 
+def settings_text(opts: dict[str, Any]) -> str:
+    """Each arm's optimizer and rate, as the report states them."""
+    fedavg, astraea = (tuple(opts["arm_settings"][arm]) for arm in ("fedavg", "astraea"))
+    where = "chosen per arm on validation data by `fedbalance bench astraea-sweep`"
+    if opts.get("fixed_setting"):
+        return f"{fedavg[0]} lr {fedavg[1]:g} for both arms (fixed by `--setting`, not tuned)"
+    if fedavg == astraea:
+        return f"{fedavg[0]} lr {fedavg[1]:g} for both arms ({where})"
+    return (
+        f"FedAvg {fedavg[0]} lr {fedavg[1]:g}, the Astraea variants {astraea[0]} lr"
+        f" {astraea[1]:g} ({where})"
+    )
+
+
 def report_doc(
     records: dict[tuple[str, int], dict[str, Any]], opts: dict[str, Any], command: str
 ) -> dict[str, Any]:
@@ -561,7 +638,7 @@ def report(
         f"# Astraea at its paper's design: {opts['dataset']}, {opts['profile']} global imbalance\n\n"
         f"K = {opts['num_clients']} clients (global_imbalance `{opts['profile']}`, then label"
         f" Dirichlet 0.5), each training on its whole local data; batch {opts['batch_size']},"
-        f" Adam lr 1e-3, `{opts['model']}`; {opts['rounds']} rounds; test accuracy on the"
+        f" {settings_text(opts)}, `{opts['model']}`; {opts['rounds']} rounds; test accuracy on the"
         f" balanced test set after every round, mean ± sample std over seeds {seeds}. FedAvg:"
         " 20 clients a round, 5 local epochs, no sample clipping. Astraea: 50 clients a round in"
         " mediators of 10, 1 local epoch, Em = 2 passes: the same 100 client-epochs a round."
@@ -588,6 +665,7 @@ def report(
             per_client=samples / opts["num_clients"],
             rounds=opts["rounds"],
             seeds=seeds,
+            optimizer=settings_text(opts),
         )
     )
     return text
@@ -610,6 +688,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frameworks", nargs="+", default=["fedlab"], choices=list(FRAMEWORKS),
                     help="also run fedavg and astraea a few rounds in these modes, measuring traffic")  # fmt: skip
     ap.add_argument("--no-run", action="store_true", help="report the recorded runs only")
+    ap.add_argument(
+        "--setting",
+        type=parse_setting,
+        default=None,
+        metavar="OPTIMIZER:LR",
+        help="both arms at this setting (e.g. adam:1e-3), not the sweep's choices; its own report",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--runs-dir", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -629,6 +714,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     if a.rounds:
         opts["rounds"] = a.rounds
+    if a.setting:
+        opts["fixed_setting"] = a.setting
+        opts["arm_settings"] = {"fedavg": a.setting, "astraea": a.setting}
+    else:
+        opts["arm_settings"] = chosen_settings(a.dataset, a.profile)
     opts["stem"] = stem_of(opts)
     out_dir, runs_dir = output_dirs(a.out, a.runs_dir, a.quick, opts["stem"], "astraea-runs")
     opts.update(out_dir=str(out_dir), runs_dir=str(runs_dir))

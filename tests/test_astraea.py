@@ -334,7 +334,29 @@ def test_astraea_bench_quick_writes_its_tables_records_and_plot(tmp_path: Path) 
     assert mediators["config"]["aggregator_args"]["mediator_epochs"] == 2
     assert all(n > 0 for n in fedavg["sample_passes"] + mediators["sample_passes"])
     assert fedavg["config"]["aggregator_args"]["sample_clip"] is None
+    # Each arm at the optimizer and rate the committed validation sweep chose for it.
+    chosen = bench.chosen_settings("fmnist", "letters")
+    for rec, arm in ((fedavg, "fedavg"), (mediators, "astraea")):
+        assert (rec["config"]["optimizer"], rec["config"]["lr"]) == chosen[arm]
+        assert len(rec["balanced_accuracy"]) == len(rec["class_recall"]) == 5
     assert next(tmp_path.glob("astraea_*_quick_accuracy.png")).stat().st_size > 0
+
+
+def test_astraea_bench_never_falls_back_to_an_untuned_rate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fedbalance_benchmarks import astraea as bench
+
+    with pytest.raises(SystemExit, match="run `fedbalance bench astraea-sweep --dataset fmnist"):
+        bench.chosen_settings("fmnist", "half_normal")  # no sweep of that profile is committed
+    opts = {"dataset": "fmnist", "profile": "letters", "quick": False}
+    assert bench.stem_of(opts) == "astraea_fmnist_letters"
+    assert bench.stem_of({**opts, "fixed_setting": ("adam", 1e-3)}) == (
+        "astraea_fmnist_letters_adam_lr0.001"
+    )
+    with pytest.raises(SystemExit):
+        bench.main(["--setting", "rmsprop:0.1"])
+    assert "OPTIMIZER one of" in capsys.readouterr().err
 
 
 @pytest.mark.slow
