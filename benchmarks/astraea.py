@@ -65,6 +65,18 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], int, int]] = {
     "astraea, paper's augmentation": ("astraea", {**ASTRAEA, "augment": "paper"}, 50, 1),
     "astraea tau_d=1.0": ("astraea", {**ASTRAEA, "tau_d": 1.0}, 50, 1),
 }
+#: Variants that test a cause of the mediators' fall (run with ``--variants``, at the setting
+#: where it happens, ``--setting adam:1e-3``), and what each changes beside ``astraea``: a
+#: larger batch (fewer, smaller steps a visit), and mediators of 5 (10 models averaged a
+#: round instead of 5, at the same 50 clients x Em 2).
+CAUSES: dict[str, dict[str, Any]] = {
+    "astraea batch=50": {"batch_size": 50},
+    "astraea gamma=5": {},
+}
+VARIANTS["astraea batch=50"] = ("astraea", ASTRAEA, 50, 1)
+VARIANTS["astraea gamma=5"] = ("astraea", {**ASTRAEA, "gamma": 5}, 50, 1)
+#: What runs unless ``--variants`` says otherwise.
+MAIN_VARIANTS = [v for v in VARIANTS if v not in CAUSES]
 #: The variants the traffic table runs in every framework.
 MODE_VARIANTS = ("fedavg", "astraea")
 FRAMEWORKS = ("fedlab", "fedlab-distributed")
@@ -155,6 +167,7 @@ def run_config(variant: str, seed: int, opts: dict[str, Any], framework: str = "
         "lr": lr,
         "batch_size": opts["batch_size"],
         "eval_data": "test",
+        **CAUSES.get(variant, {}),
         **({"max_samples": opts["max_samples"]} if opts.get("max_samples") else {}),
     }
 
@@ -475,6 +488,121 @@ def paper_table(by: dict[str, list[dict[str, Any]]]) -> str:
     return markdown_table(["", "paper", "here (points, paired by seed; mean ± std)"], rows)
 
 
+def _final_of(values: list[Any], last: int = 10) -> float | None:
+    kept = [v for v in values[-last:] if v is not None]
+    return statistics.mean(kept) if kept else None
+
+
+def minority_classes(by: dict[str, list[dict[str, Any]]]) -> dict[int, list[int]]:
+    """Per seed, the classes Astraea's plan augments (the same partition for every variant of
+    a seed): the minority classes every variant, FedAvg included, is read on."""
+    out: dict[int, list[int]] = {}
+    for rs in by.values():
+        for r in rs:
+            plan = r.get("plan") or {}
+            if plan.get("augment"):
+                out.setdefault(r["config"]["seed"], list(plan["augment"]))
+    return out
+
+
+def bias_table(by: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
+    """Per variant, final (last 10 rounds) balanced accuracy, worst-class recall and the mean
+    recall of the minority classes; and each class's final recall. Runs recorded before the
+    records kept the bias figures have none (``-``)."""
+    from fl_adapters._table import markdown_table
+
+    minority = minority_classes(by)
+    rows, per_class = [], []
+    classes = max((len(c) for rs in by.values() for r in rs for c in r.get("class_recall") or [] if c), default=0)  # fmt: skip
+    for v, rs in by.items():
+        kept = [r for r in rs if r.get("class_recall")]
+        if not kept:
+            rows.append([v, "-", "-", "-", "-"])
+            continue
+        balanced = [_final_of(r["balanced_accuracy"]) for r in kept]
+        worst = [_final_of(r["worst_class_recall"]) for r in kept]
+        recall = [
+            [_final_of([c[k] if c else None for c in r["class_recall"]]) for k in range(classes)]
+            for r in kept
+        ]
+        minor = [
+            statistics.mean(
+                x for k in minority.get(r["config"]["seed"], []) if (x := rc[k]) is not None
+            )  # fmt: skip
+            for r, rc in zip(kept, recall, strict=True)
+            if minority.get(r["config"]["seed"])
+        ]
+        seeds = ",".join(str(r["config"]["seed"]) for r in kept)
+        rows.append([v, mean_std([x for x in balanced if x is not None]),
+                     mean_std([x for x in worst if x is not None]), mean_std(minor), seeds])  # fmt: skip
+        per_class.append([v, *(mean_std([rc[k] for rc in recall if rc[k] is not None], digits=1)
+                               for k in range(classes))])  # fmt: skip
+    head = ["variant", "balanced accuracy %", "worst-class recall %",
+            "minority classes' recall %", "seeds"]  # fmt: skip
+    sets = sorted({tuple(c) for c in minority.values()})
+    note = (
+        "Final: mean of the last 10 rounds, then mean ± sample std over the seeds that recorded"
+        " the figures. Minority classes: those Astraea's plan augments in each seed ("
+        + "; ".join(", ".join(map(str, c)) for c in sets)
+        + "), read on every variant. The test set is balanced (1,000 images a class), so the"
+        " balanced accuracy equals the accuracy here; the worst and minority classes are what"
+        " it hides. `-`: runs recorded before the records kept these figures."
+        if sets
+        else "Final: mean of the last 10 rounds. `-`: runs recorded before the records kept"
+        " these figures."
+    )
+    table = markdown_table(head, rows) + "\n\n" + note
+    classes_table = (
+        markdown_table(["variant", *(f"class {k}" for k in range(classes))], per_class)
+        if per_class
+        else ""
+    )
+    return table, classes_table
+
+
+def fall_table(by: dict[str, list[dict[str, Any]]]) -> str:
+    """Per variant: best test accuracy and its round, final (last 10 rounds) and the fall
+    from best to final, per seed then mean ± sample std."""
+    from fl_adapters._table import markdown_table
+
+    rows = []
+    for v, rs in by.items():
+        best = [max(r["accuracy"]) for r in rs]
+        where = [1 + r["accuracy"].index(max(r["accuracy"])) for r in rs]
+        fall = [max(r["accuracy"]) - final(r) for r in rs]
+        rows.append([v, mean_std(best), f"{statistics.mean(where):.0f}",
+                     mean_std([final(r) for r in rs]), mean_std(fall)])  # fmt: skip
+    head = ["variant", "best %", "best round (mean)", "final %", "fall: best - final (points)"]
+    return markdown_table(head, rows)
+
+
+def sweep_fall_table(opts: dict[str, Any]) -> str:
+    """The validation sweep's figures of the same fall: per arm and setting, the drop of the
+    balanced validation accuracy from its best to its last rounds (one seed)."""
+    from fl_adapters._table import markdown_table
+
+    path = sweep_path(opts["dataset"].removesuffix("_quick"), opts["profile"])
+    if not path.exists():
+        return ""
+    doc = json.loads(path.read_text())
+    settings = [r["setting"] for r in doc["arms"]["astraea"]]
+    rows = []
+    for name in settings:
+        cells = []
+        for arm in ("fedavg", "astraea"):
+            row = next((r for r in doc["arms"][arm] if r["setting"] == name), None)
+            if row is None:
+                cells.append("-")
+            elif row["score"] is None:
+                cells.append("diverged")
+            else:
+                cells.append(f"{100 * row['best']:.2f} (r{row['best_round']}) -> "
+                             f"{100 * row['score']:.2f}: {100 * row['drop']:.2f}")  # fmt: skip
+        rows.append([name, *cells])
+    return markdown_table(["setting", "FedAvg: best -> last 5 (drop)",
+                           "Astraea: best -> last 5 (drop)"], rows)  # fmt: skip
+
+
 DEPARTURES = """\
 What still differs from the paper:
 
@@ -634,6 +762,8 @@ def report(
     by = {v: rs for v, rs in by.items() if rs}
     seeds = f"0..{opts['seeds'] - 1}"
     samples = training_samples(opts)
+    bias, per_class = bias_table(by)
+    swept = sweep_fall_table(opts)
     text = (
         f"# Astraea at its paper's design: {opts['dataset']}, {opts['profile']} global imbalance\n\n"
         f"K = {opts['num_clients']} clients (global_imbalance `{opts['profile']}`, then label"
@@ -657,6 +787,22 @@ def report(
         " before and after rebalancing, and each round's mediators, on the expected counts"
         " (what the server plans with) and on the labels actually trained.\n\n"
         + rebalancing_table(by)
+        + "\n\n## Measured on its purpose: the minority classes\n\n"
+        + bias
+        + (f"\n\nEach class's final recall (%):\n\n{per_class}" if per_class else "")
+        + "\n\n## Why the mediators fall\n\n"
+        "Test accuracy per variant: its best, where, its final and the fall between"
+        f" (seeds {seeds}). Variants named after a cause change only that against `astraea`:"
+        " `batch=50` trains with batches of 50 instead of 10, `gamma=5` averages 10 mediator"
+        " models a round instead of 5.\n\n"
+        + fall_table(by)
+        + (
+            "\n\nThe learning rate and the optimizer, from the validation sweep"
+            " (`fedbalance bench astraea-sweep`; balanced validation accuracy, %, seed 0, its"
+            " best round and the mean of its last 5 rounds):\n\n" + swept
+            if swept
+            else ""
+        )
         + "\n\n## Against the paper\n\n"
         + paper_table(by)
         + "\n\n"
@@ -684,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=MAIN_VARIANTS, choices=list(VARIANTS))
     ap.add_argument("--frameworks", nargs="+", default=["fedlab"], choices=list(FRAMEWORKS),
                     help="also run fedavg and astraea a few rounds in these modes, measuring traffic")  # fmt: skip
     ap.add_argument("--no-run", action="store_true", help="report the recorded runs only")

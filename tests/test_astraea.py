@@ -322,8 +322,14 @@ def test_astraea_bench_quick_writes_its_tables_records_and_plot(tmp_path: Path) 
     assert bench.main(argv) == 0
     md = next(tmp_path.glob("astraea_*_quick.md")).read_text()
     rows = [line for line in md.splitlines() if line.startswith(("| fedavg", "| mediators only"))]
-    # fedavg: its accuracy row; mediators only: accuracy, rebalancing and paper rows.
-    assert len(rows) == 4 and "Regenerate: `fedbalance bench astraea --quick" in md
+    # fedavg: its accuracy row; mediators only: accuracy, rebalancing and paper rows; both:
+    # a row in the bias figures, the per-class recall and the fall tables.
+    assert len(rows) == 4 + 3 * 2 and "Regenerate: `fedbalance bench astraea --quick" in md
+    bias = md.split("## Measured on its purpose", 1)[1].split("## Why the mediators fall")[0]
+    figures = [x for x in bias.splitlines() if x.startswith(("| fedavg", "| mediators only"))]
+    # recorded: balanced accuracy and worst class on every row (no variant here augments, so
+    # no minority classes are named)
+    assert len(figures) == 4 and all(x.split("|")[2].strip() != "-" for x in figures)
     assert "| fedavg         | 4 x E5 " in md and "| mediators only | 10 x E1 x Em2 " in md
     records = sorted((tmp_path / "per-run").rglob("seed0.json"))
     assert [p.parent.name for p in records] == ["fedavg", "mediators_only"]
