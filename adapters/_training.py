@@ -234,7 +234,8 @@ def evaluate_counts(
         out = model(x)
         loss_sum += float(criterion(out, y))
         tally = torch.bincount(2 * y + (out.argmax(dim=1) == y), minlength=2 * out.shape[1])
-        cells = tally.cpu() if len(cells) == 0 else _grown(cells, len(tally)) + tally.cpu()
+        k = max(len(cells), len(tally))
+        cells = _grown(cells, k) + _grown(tally.cpu(), k)
     total, correct = cells[0::2] + cells[1::2], cells[1::2]
     return Counts(loss_sum, total.numpy(), correct.numpy())
 

@@ -1,12 +1,13 @@
 """The optimizer and learning rate of each arm of the Astraea benchmark, chosen on validation data.
 
 ``fedbalance bench astraea`` runs FedAvg and Astraea (Duan et al., "Self-Balancing Federated
-Learning With Global Imbalanced Data in Mobile Systems", IEEE TPDS 2021) at the paper's design,
-both with Adam lr 1e-3: the paper does not give its optimizer, and one rate for two arms that
-train so differently (FedAvg: 20 clients x 5 local epochs; Astraea: 50 clients in mediators of
-10, Em = 2 sequential passes) favours whichever it happens to suit. This sweep gives each arm a
-small grid (Adam 3e-4, 1e-3, 3e-3; plain SGD 0.01, 0.03, 0.1, 0.3) at the benchmark's design, taken
-from :func:`fedbalance_benchmarks.astraea.run_config`, and chooses per arm.
+Learning With Global Imbalanced Data in Mobile Systems", IEEE TPDS 2021) at the paper's design.
+The paper does not give its optimizer, and one rate for two arms that train so differently
+(FedAvg: 20 clients x 5 local epochs; Astraea: 50 clients in mediators of 10, Em = 2
+sequential passes) favours whichever it happens to suit. This sweep gives each arm a small
+grid (Adam 3e-4, 1e-3, 3e-3; plain SGD 0.01, 0.03, 0.1, 0.3) at the benchmark's design, taken
+from :func:`fedbalance_benchmarks.astraea.run_config`, and chooses per arm; the benchmark
+then trains each arm at its choice (:func:`fedbalance_benchmarks.astraea.chosen_settings`).
 
     fedbalance bench astraea-sweep [--rounds 200] [--seeds 1] [--workers 1] [--no-run]
 
