@@ -64,17 +64,19 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], int, int]] = {
     "astraea Em=1": ("astraea", {**ASTRAEA, "mediator_epochs": 1}, 50, 1),
     "astraea, paper's augmentation": ("astraea", {**ASTRAEA, "augment": "paper"}, 50, 1),
     "astraea tau_d=1.0": ("astraea", {**ASTRAEA, "tau_d": 1.0}, 50, 1),
+    # Causes of the mediators' fall (CAUSES).
+    "astraea batch=50": ("astraea", ASTRAEA, 50, 1),
+    "astraea gamma=5": ("astraea", {**ASTRAEA, "gamma": 5}, 50, 1),
 }
 #: Variants that test a cause of the mediators' fall (run with ``--variants``, at the setting
-#: where it happens, ``--setting adam:1e-3``), and what each changes beside ``astraea``: a
-#: larger batch (fewer, smaller steps a visit), and mediators of 5 (10 models averaged a
-#: round instead of 5, at the same 50 clients x Em 2).
+#: where it happens, ``--setting adam:1e-3``), each changing one thing against ``astraea``,
+#: and the run settings beside its aggregator's they change: a larger batch (fewer steps a
+#: visit), and mediators of 5 (10 models averaged a round instead of 5, at the same 50
+#: clients x Em 2).
 CAUSES: dict[str, dict[str, Any]] = {
     "astraea batch=50": {"batch_size": 50},
     "astraea gamma=5": {},
 }
-VARIANTS["astraea batch=50"] = ("astraea", ASTRAEA, 50, 1)
-VARIANTS["astraea gamma=5"] = ("astraea", {**ASTRAEA, "gamma": 5}, 50, 1)
 #: What runs unless ``--variants`` says otherwise.
 MAIN_VARIANTS = [v for v in VARIANTS if v not in CAUSES]
 #: The variants the traffic table runs in every framework.
@@ -488,9 +490,13 @@ def paper_table(by: dict[str, list[dict[str, Any]]]) -> str:
     return markdown_table(["", "paper", "here (points, paired by seed; mean ± std)"], rows)
 
 
-def _final_of(values: list[Any], last: int = 10) -> float | None:
-    kept = [v for v in values[-last:] if v is not None]
+def _mean_of(values: Any) -> float | None:
+    kept = [v for v in values if v is not None]
     return statistics.mean(kept) if kept else None
+
+
+def _final_of(values: list[Any], last: int = 10) -> float | None:
+    return _mean_of(values[-last:])
 
 
 def minority_classes(by: dict[str, list[dict[str, Any]]]) -> dict[int, list[int]]:
@@ -526,11 +532,9 @@ def bias_table(by: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
             for r in kept
         ]
         minor = [
-            statistics.mean(
-                x for k in minority.get(r["config"]["seed"], []) if (x := rc[k]) is not None
-            )  # fmt: skip
+            m
             for r, rc in zip(kept, recall, strict=True)
-            if minority.get(r["config"]["seed"])
+            if (m := _mean_of(rc[k] for k in minority.get(r["config"]["seed"], []))) is not None
         ]
         seeds = ",".join(str(r["config"]["seed"]) for r in kept)
         rows.append([v, mean_std([x for x in balanced if x is not None]),
