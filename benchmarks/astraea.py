@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import statistics
 import sys
 import time
@@ -878,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no run of this benchmark is recorded yet: nothing to report", file=sys.stderr)
         return 1
     given = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--no-run"]
-    command = "fedbalance bench astraea " + " ".join(given)  # what runs the missing runs too
+    command = "fedbalance bench astraea " + shlex.join(given)  # what runs the missing runs too
     text = report(records, opts, command)
     modes = mode_runs(opts) if len(opts["frameworks"]) > 1 else []
     if modes:
