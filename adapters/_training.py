@@ -182,13 +182,16 @@ def local_train(
     optimizer: str,
     lr: float,
     seed: int,
+    carry: dict[str, Any] | None = None,
 ) -> int:
     """Train ``model`` in place for ``epochs`` on ``dataset``; returns the sample count.
 
-    A fresh optimizer per call (Adam state must not leak between clients), a data order fixed
-    by ``seed``, and torch's global RNG (dropout) seeded from ``seed`` for the call and
-    restored after it: the same client in the same participation trains identically in any
-    process, and a resumed run continues exactly.
+    A fresh optimizer per call (Adam state must not leak between clients) unless ``carry`` is
+    given: then the optimizer starts from the state ``carry["state"]`` holds (if any) and
+    leaves its own there, so the calls of one mediator chain share one optimizer (Astraea's
+    ``carry_optimizer``). A data order fixed by ``seed``, and torch's global RNG (dropout)
+    seeded from ``seed`` for the call and restored after it: the same client in the same
+    participation trains identically in any process, and a resumed run continues exactly.
     """
     n = len(dataset)  # type: ignore[arg-type]
     if n == 0:
@@ -197,6 +200,8 @@ def local_train(
         raise ParameterError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     gen = torch.Generator().manual_seed(seed)
     opt = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
+    if carry is not None and "state" in carry:
+        opt.load_state_dict(carry["state"])
     criterion = nn.CrossEntropyLoss()
     device = device_of(model)
     model.train()
@@ -207,6 +212,8 @@ def local_train(
                 opt.zero_grad(set_to_none=True)
                 criterion(model(x.to(device)), y.to(device)).backward()
                 opt.step()
+    if carry is not None:
+        carry["state"] = opt.state_dict()
     return n
 
 

@@ -171,7 +171,31 @@ class RunConfig:
                 check_fractions, "split", self.split, 3, labels=SPLIT_NAMES, first_positive=True
             )
         )
+        self._check_carried_optimizer(host)
         host.check(self)  # the host's own rules (its spec's check)
+
+    def _check_carried_optimizer(self, host: HostSpec) -> None:
+        """An optimizer carried along a mediator's chain (Astraea's ``carry_optimizer``) takes
+        effect only where the host trains a mediator's members in one process of fedbalance's
+        own, and only for an optimizer that has state to carry."""
+        if self.aggregator_args.get("carry_optimizer") is not True:
+            return
+        if self.framework not in host.carries_optimizer:
+            where = ", ".join(
+                f"framework: {f}" for h in builtin_hosts() for f in h.carries_optimizer
+            )
+            raise ConfigError(
+                f"aggregator_args: carry_optimizer: true cannot take effect in framework: "
+                f"{self.framework}, whose clients each train with an optimizer of their own "
+                f"process or of the host's trainer; it runs in {where or 'no framework'}. Drop "
+                f"carry_optimizer, or run there"
+            )
+        if self.optimizer == "sgd":
+            raise ConfigError(
+                "aggregator_args: carry_optimizer: true carries the optimizer's state (Adam's "
+                "moments) from member to member; optimizer: sgd (no momentum) has none, so it "
+                "would change nothing. Use optimizer: adam, or drop carry_optimizer"
+            )
 
     def host(self) -> HostSpec:
         """The spec of the host that serves :attr:`framework` (the built-in hosts first: the

@@ -65,6 +65,10 @@ class HostSpec:
     #: ``check(config)``: the host's own rules over a run config of one of its frameworks,
     #: raising :class:`~fl_adapters.config.ConfigError`; called when the config is read.
     check: Callable[[RunConfig], None] = lambda config: None
+    #: The frameworks in which fedbalance itself trains each mediator's members in one process,
+    #: so that an Astraea ``carry_optimizer: true`` takes effect (a config asking for it
+    #: anywhere else stops when read).
+    carries_optimizer: tuple[str, ...] = ()
     #: ``(framework, backend)``: the ``backend`` values its frameworks take besides ``mpi``,
     #: the default.
     backends: tuple[tuple[str, str], ...] = ()

@@ -17,6 +17,11 @@ is augmentation with plain FedAvg (each client its own mediator). ``augment="pap
 augments with the paper's printed formula instead of the bounded default (see
 :mod:`fl_aggregators.astraea_plan`). ``count_clip`` bounds what one
 client's reported label counts can do to the plan (see :mod:`fl_aggregators.astraea_plan`).
+``carry_optimizer`` carries one optimizer along each mediator's chain within a round (its
+state, e.g. Adam's moments, passes from member to member) instead of a fresh optimizer per
+member; it takes effect only where fedbalance trains a mediator's members itself in one
+process (FedLab standalone under ``fedbalance run``), and every other host or mode refuses it
+before training.
 Upper limits keep a round's work bounded: ``mediator_epochs`` at most 100, ``tau_d`` in
 [0.01, 100], a finite ``count_clip`` at most 1000.
 """
@@ -65,6 +70,7 @@ class Astraea(FedAvg):
         count_clip: float | None = 20.0,
         update_clip: float | None = None,
         sample_clip: float | None = None,
+        carry_optimizer: bool = False,
     ) -> None:
         super().__init__(update_clip=update_clip, sample_clip=sample_clip)
         self.tau_d = check_tau_d(tau_d)
@@ -80,6 +86,7 @@ class Astraea(FedAvg):
         )
         self.augment, self.augment_rule = _augment(augment)
         self.mediators = check_flag("mediators", mediators)
+        self.carry_optimizer = check_flag("carry_optimizer", carry_optimizer)
         self._annotations: dict[str, Any] = {}
 
     @property

@@ -34,6 +34,7 @@ def images(n: int, classes: list[int], seed: int = 0) -> tuple[torch.Tensor, tor
         ({"tau_d": -1.0}, "tau_d"),
         ({"augment": "yes"}, "augment"),
         ({"mediators": 1}, "mediators"),
+        ({"carry_optimizer": "yes"}, "carry_optimizer"),
     ],
 )
 def test_bad_parameters_name_the_field(kwargs: dict, field: str) -> None:
@@ -170,7 +171,13 @@ def run_pipeline(cfg):  # type: ignore[no-untyped-def]
     assert isinstance(handler, AstraeaServerHandler)
     import copy
 
-    trainer = AstraeaSerialTrainer(copy.deepcopy(exp.model), exp.data, exp.local, 2)
+    trainer = AstraeaSerialTrainer(
+        copy.deepcopy(exp.model),
+        exp.data,
+        exp.local,
+        2,
+        carry_optimizer=handler.astraea.carry_optimizer,
+    )
 
     class Pipeline(StandalonePipeline):
         def evaluate(self) -> None:
@@ -291,9 +298,11 @@ def test_fedml_sp_runs_astraea_and_records_mediators(tmp_path: Path) -> None:
     [
         (("simulation", "MPI"), {"mediator_epochs": 2}, "mediator_epochs must be 1 in FedML"),
         (("cross_silo", "MPI"), {"mediator_epochs": 2}, "mediator_epochs must be 1 in FedML"),
+        (("simulation", "sp"), {"carry_optimizer": True}, "ModelTrainer's own optimizer"),
+        (("cross_silo", "MPI"), {"carry_optimizer": True}, "carry_optimizer: true cannot take"),
     ],
 )
-def test_fedml_mpi_modes_refuse_several_mediator_epochs(
+def test_fedml_modes_refuse_astraea_settings_they_cannot_run(
     mode: tuple[str, str], extra: dict[str, int], message: str
 ) -> None:
     pytest.importorskip("fedml")
@@ -434,3 +443,120 @@ def test_a_relay_hop_applies_the_uplink_hook_to_every_member() -> None:
     assert seen == [3, 5]  # both members, in chain order
     uploaded = trainer.uplink_package[0][0]
     assert torch.count_nonzero(uploaded) == 0  # the last member's hooked report is what is sent
+
+
+# -- carry_optimizer: one optimizer along each mediator's chain ---------------------------------
+def test_local_train_continues_the_optimizer_it_is_given() -> None:
+    from torch.utils.data import TensorDataset
+
+    from fl_adapters._training import local_train
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(40, 5, generator=g), torch.randint(0, 3, (40,), generator=g))
+
+    def two_members(carry: dict | None) -> torch.Tensor:  # type: ignore[type-arg]
+        torch.manual_seed(1)
+        model = torch.nn.Linear(5, 3)
+        for seed in (0, 1):  # two members of a chain, 3 batches of 16 each
+            local_train(
+                model, data, epochs=1, batch_size=16, optimizer="adam", lr=1e-2, seed=seed,
+                carry=carry,
+            )  # fmt: skip
+        return model.weight.detach().clone()
+
+    carry: dict = {}  # type: ignore[type-arg]
+    carried, fresh = two_members(carry), two_members(None)
+    steps = {int(s["step"]) for s in carry["state"]["state"].values()}
+    assert steps == {6}  # both members' batches stepped one Adam
+    assert not torch.equal(carried, fresh)
+    assert torch.equal(carried, two_members({}))  # the same seeds, the same model
+
+
+def test_fedlab_standalone_carries_one_optimizer_per_mediator_and_round(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import fl_adapters.fedlab.trainer as trainer_module
+
+    calls: list[tuple[int, int]] = []  # (id of the carried state, Adam steps it held before)
+    real = trainer_module.local_train
+
+    def counted(*a, carry=None, **kw):  # type: ignore[no-untyped-def]
+        assert carry is not None
+        before = carry.get("state", {}).get("state", {}).get(0, {}).get("step", 0)
+        calls.append((id(carry), int(before)))
+        return real(*a, carry=carry, **kw)
+
+    monkeypatch.setattr(trainer_module, "local_train", counted)
+    args = {"gamma": 2, "tau_d": 2.0, "carry_optimizer": True}
+    handler, trainer, per_round = run_pipeline(astraea_config(rounds=2, aggregator_args=args))
+    assert trainer.carry_optimizer
+    assert len(calls) == len(trainer.trace) == sum(2 * len(g) for r in per_round for g in r)
+    chains: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for (rnd, m, _), call in zip(trainer.trace, calls, strict=True):
+        chains.setdefault((rnd, m), []).append(call)
+    assert len(chains) == sum(len(r) for r in per_round)
+    for chain in chains.values():
+        assert len({i for i, _ in chain}) == 1  # one optimizer along the chain
+        assert chain[0][1] == 0  # fresh at the chain's start: each mediator, each round
+        steps = [b for _, b in chain]
+        assert steps == sorted(set(steps))  # its steps accumulate along the chain
+
+
+def test_carried_and_fresh_optimizers_train_different_models() -> None:
+    args = {"gamma": 2, "tau_d": 2.0}
+    models = []
+    for carry in (False, True, True):
+        cfg = astraea_config(rounds=1, aggregator_args={**args, "carry_optimizer": carry})
+        handler, _, _ = run_pipeline(cfg)
+        models.append(handler.model_parameters.clone())
+    assert not torch.equal(models[0], models[1])
+    assert torch.equal(models[1], models[2])  # reproducible from the seed
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"framework": "fedlab-distributed"},
+            "cannot take effect in framework: fedlab-distributed",
+        ),
+        ({"framework": "fedml-sp", "eval_data": "clients"}, "framework: fedml-sp"),
+        ({"framework": "fedml-mpi", "eval_data": "clients"}, "framework: fedml-mpi"),
+        ({"framework": "flower", "eval_data": "clients"}, "framework: flower"),
+        ({"framework": "flower-deployment", "eval_data": "clients"}, "flower-deployment"),
+        ({"optimizer": "sgd"}, "optimizer: sgd .no momentum. has none"),
+    ],
+)
+def test_a_config_asking_for_a_carried_optimizer_where_it_cannot_take_effect_stops(
+    overrides: dict,
+    message: str,  # type: ignore[type-arg]
+) -> None:
+    from fl_adapters.config import ConfigError
+
+    args = {"gamma": 2, "carry_optimizer": True}
+    with pytest.raises(ConfigError, match=message) as e:
+        astraea_config(aggregator_args=args, **overrides)
+    assert "carry_optimizer" in str(e.value)
+    assert astraea_config(aggregator_args=args).aggregator_args == args  # FedLab standalone runs
+
+
+def test_an_armed_fedlab_script_refuses_a_carried_optimizer() -> None:
+    from fl_adapters.fedlab.patches import ENV_ARGS, FedLabArming
+
+    with pytest.raises(ValueError, match=f"{ENV_ARGS}: carry_optimizer: true cannot take effect"):
+        FedLabArming("astraea", {"carry_optimizer": True})
+    FedLabArming("astraea", {"carry_optimizer": False})
+
+
+def test_a_relay_hop_refuses_a_carried_optimizer() -> None:
+    import copy
+
+    from fl_adapters.fedlab.astraea import AstraeaSerialTrainer, encode_hop
+    from fl_adapters.fedlab.runner import build
+
+    exp = build(astraea_config(rounds=1))
+    trainer = AstraeaSerialTrainer(
+        copy.deepcopy(exp.model), exp.data, exp.local, client_ids=[3, 5], carry_optimizer=True
+    )
+    params = torch.ones(sum(p.numel() for p in exp.model.parameters()))
+    with pytest.raises(ValueError, match="carry_optimizer: a relay hop of mediator 0"):
+        trainer.local_process([params, torch.ones(10), encode_hop(0, [3, 5])], [0, 1])
+    assert trainer.trace == []  # refused before training

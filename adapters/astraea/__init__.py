@@ -28,7 +28,13 @@ from fl_adapters.astraea.rebalance import (
     rebalance,
     rebalance_client,
 )
-from fl_adapters.astraea.relay import Hop, MediatorRelay, MediatorResult, run_mediator
+from fl_adapters.astraea.relay import (
+    Hop,
+    MediatorRelay,
+    MediatorResult,
+    refuse_carried_optimizer,
+    run_mediator,
+)
 
 __all__ = [
     "AFFINE",
@@ -43,6 +49,7 @@ __all__ = [
     "model_digest",
     "rebalance",
     "rebalance_client",
+    "refuse_carried_optimizer",
     "round_traffic",
     "run_mediator",
 ]

@@ -141,3 +141,15 @@ def run_mediator(
         params, n = train_one(client, params)
         hop = relay.received(0, params, n)
     return MediatorResult(params, relay.samples[0], [c for _, c in relay.trace])
+
+
+def refuse_carried_optimizer(aggregator: Any, where: str, key: str = "aggregator_args") -> None:
+    """Stop before training when ``aggregator`` asks for one optimizer carried along each
+    mediator's chain (Astraea's ``carry_optimizer``) where it cannot take effect: ``where``
+    says who trains the members there, ``key`` names where the user set it."""
+    if getattr(aggregator, "carry_optimizer", False):
+        raise ParameterError(
+            f"{key}: carry_optimizer: true cannot take effect here: {where}. It runs "
+            "in `fedbalance run` with framework: fedlab only, where fedbalance trains a "
+            "mediator's members in one process; drop carry_optimizer"
+        )

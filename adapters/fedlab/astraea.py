@@ -279,6 +279,9 @@ class TensorData(torch.utils.data.TensorDataset):
 class AstraeaSerialTrainer(FedBalanceSerialTrainer):
     """Serial trainer whose units are mediators: each trains its clients' chain in order.
 
+    ``carry_optimizer``: each mediator's members continue one optimizer along the chain (a
+    fresh one per mediator and round) instead of each starting a fresh one. Standalone only:
+    a relay hop (:meth:`train_hop`) refuses it, as the optimizer would stop at the process.
     ``trace`` lists ``(round, mediator, client)`` for every client visit, in training order.
     """
 
@@ -290,9 +293,11 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
         mediator_epochs: int = 1,
         client_ids: Sequence[int] | None = None,
         uplink_hook: UplinkHook | None = None,
+        carry_optimizer: bool = False,
     ) -> None:
         super().__init__(model, data, cfg, client_ids, uplink_hook=uplink_hook)
         self.mediator_epochs = mediator_epochs
+        self.carry_optimizer = carry_optimizer
         self.rebalanced = RebalancedData(data, cfg.seed)
         self.trace: list[tuple[int, int, int]] = []
         self.rounds = 0
@@ -316,9 +321,13 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
             if unknown:
                 raise ValueError(f"mediator {m} names clients {unknown} this trainer does not hold")
 
-            def train_one(client: int, w: torch.Tensor, m: int = m) -> tuple[torch.Tensor, int]:
+            carry: dict[str, Any] | None = {} if self.carry_optimizer else None
+
+            def train_one(
+                client: int, w: torch.Tensor, m: int = m, carry: dict[str, Any] | None = carry
+            ) -> tuple[torch.Tensor, int]:
                 self.trace.append((self.rounds, m, client))
-                package = self.train(client, w, self.rebalanced)  # what this member reports
+                package = self.train(client, w, self.rebalanced, carry)  # what it reports
                 return package[0], int(package[1][1])
 
             result = run_mediator(members, params, train_one, self.mediator_epochs)
@@ -328,6 +337,11 @@ class AstraeaSerialTrainer(FedBalanceSerialTrainer):
         self, params: torch.Tensor, mediator: int, clients: list[int], id_list: list[int]
     ) -> None:
         """One relay hop: train ``id_list`` (local ids of ``clients``) in order, upload once."""
+        if self.carry_optimizer:
+            raise ParameterError(
+                f"carry_optimizer: a relay hop of mediator {mediator} cannot continue the "
+                "optimizer of the process before it; it is applied by the standalone trainer only"
+            )
         ids = [self.client_ids[int(i)] for i in id_list]
         if ids != clients:
             raise ValueError(f"hop of mediator {mediator} names {clients}, local ids map to {ids}")

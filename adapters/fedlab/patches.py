@@ -28,7 +28,13 @@ import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fl_adapters._training import evaluate, stream_seed
-from fl_adapters.astraea import AstraeaPlanner, RebalancedCache, dataset_tensors, run_mediator
+from fl_adapters.astraea import (
+    AstraeaPlanner,
+    RebalancedCache,
+    dataset_tensors,
+    refuse_carried_optimizer,
+    run_mediator,
+)
 from fl_adapters.autoload import PATCHES
 from fl_adapters.client_metrics import measure, requested
 from fl_adapters.fedlab.payload import encode, pack_meta
@@ -136,7 +142,12 @@ class FedLabArming:
         self.registry = get_registry()
         # An unknown name or bad arguments fail here, at import, naming the options.
         cls = self.registry.aggregator(name)
-        self.registry.make_aggregator(name, **args)
+        refuse_carried_optimizer(
+            self.registry.make_aggregator(name, **args),
+            f"{ENV_AGGREGATOR} arms a FedLab script, whose trainer trains each client with its "
+            "own optimizer",
+            key=ENV_ARGS,
+        )
         self.name, self.args = name, args
         self.metrics = requested(cls)
         self.mediated = bool(getattr(cls, "mediated", False))

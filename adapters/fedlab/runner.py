@@ -306,7 +306,12 @@ def run_standalone(
     trainer: FedBalanceSerialTrainer
     if isinstance(handler, AstraeaServerHandler):
         trainer = AstraeaSerialTrainer(
-            model, exp.data, exp.local, handler.astraea.mediator_epochs, uplink_hook=uplink_hook
+            model,
+            exp.data,
+            exp.local,
+            handler.astraea.mediator_epochs,
+            uplink_hook=uplink_hook,
+            carry_optimizer=handler.astraea.carry_optimizer,
         )
         writer.astraea = handler.planner
     else:

@@ -109,6 +109,8 @@ FEDLAB = HostSpec(
     label="FedLab",
     frameworks=("fedlab", "fedlab-distributed"),
     releases=("1.3.0",),
+    # Standalone trains a mediator's chain in one process (a relay hop stops at its process).
+    carries_optimizer=("fedlab",),
     run=run,
     require=require,
     arm="fl_adapters.fedlab.patches",

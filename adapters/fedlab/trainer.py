@@ -46,8 +46,10 @@ def train_client(
     client: int,
     participation: int,
     cfg: LocalConfig,
+    carry: dict[str, Any] | None = None,
 ) -> list[torch.Tensor]:
-    """Load ``params``, train client ``client`` locally, and return its uplink package."""
+    """Load ``params``, train client ``client`` locally, and return its uplink package
+    (``carry``: the optimizer state a mediator chain carries, see :func:`local_train`)."""
     SerializationTool.deserialize_model(model, params)
     with training_clock(client):
         n = local_train(
@@ -58,6 +60,7 @@ def train_client(
             optimizer=cfg.optimizer,
             lr=cfg.lr,
             seed=stream_seed("fedlab-train", cfg.seed, client, participation),
+            carry=carry,
         )
     metrics = measure(cfg.metrics, lambda: evaluate(model, data.get_dataset(client, "val")), client)
     return encode(SerializationTool.serialize_model(model), client, n, metrics)
@@ -100,11 +103,14 @@ class FedBalanceSerialTrainer(SerialClientTrainer):
     def setup_dataset(self, dataset: PartitionedDataset) -> None:  # FedLab API
         self.dataset = dataset
 
-    def train(self, client: int, params: torch.Tensor, data: Any) -> list[torch.Tensor]:
-        """Client ``client``'s next local training on ``data``: its package, after ``uplink_hook``."""
+    def train(
+        self, client: int, params: torch.Tensor, data: Any, carry: dict[str, Any] | None = None
+    ) -> list[torch.Tensor]:
+        """Client ``client``'s next local training on ``data``: its package, after ``uplink_hook``
+        (``carry``: see :func:`train_client`)."""
         k = self.participations.get(client, 0)
         self.participations[client] = k + 1
-        package = train_client(self._model, params, data, client, k, self.cfg)
+        package = train_client(self._model, params, data, client, k, self.cfg, carry)
         self.sample_passes += int(package[1][1]) * self.cfg.epochs
         return package if self.uplink_hook is None else self.uplink_hook(client, params, package)
 

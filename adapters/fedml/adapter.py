@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Subset
 
 from fl_adapters import client_metrics
 from fl_adapters._training import evaluate, stream_seed, training_clock
-from fl_adapters.astraea import RebalancedCache
+from fl_adapters.astraea import RebalancedCache, refuse_carried_optimizer
 from fl_adapters.checkpoint import Checkpoint, CheckpointError
 from fl_adapters.client_metrics import measure, requested, splits
 from fl_adapters.config import check_eval_keys
@@ -312,6 +312,9 @@ def check_before_init(args: Any) -> tuple[str, str] | None:
             f"fedbalance aggregators run in FedML modes {sorted(HOSTS)}; got training_type/backend {mode}"
         )
     check_optimizer(args, HOSTS[mode], chosen[0], agg)
+    refuse_carried_optimizer(
+        agg, f"FedML {HOSTS[mode]} trains each client with its ModelTrainer's own optimizer"
+    )
     check_evaluation(args, HOSTS[mode])
     if getattr(agg, "mediated", False) and HOSTS[mode] in ("fedml-cross-silo", "fedml-mpi"):
         if getattr(agg, "mediator_epochs", 1) != 1:

@@ -32,6 +32,7 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from fl_adapters import bias
 from fl_adapters._training import evaluates
+from fl_adapters.astraea import refuse_carried_optimizer
 from fl_adapters.checkpoint import NAME, Checkpoint, restore_sampler, sampler_state
 from fl_adapters.client_metrics import requested
 from fl_adapters.config import ConfigError
@@ -78,6 +79,11 @@ def make_aggregator(
         agg: Aggregator = build_aggregator(aggregator, args)
     except ValueError as e:  # a ParameterError, named by the run config's key
         raise ConfigError(f"{WHERE} {ARGS_KEY} for {cls.name!r}: {e}") from e
+    try:
+        where = "each Flower ClientApp trains with its own optimizer"
+        refuse_carried_optimizer(agg, where, key=f"{WHERE} {ARGS_KEY}")
+    except ValueError as e:  # the ParameterError as the ConfigError every run-config key gives
+        raise ConfigError(str(e)) from e
     if needs_mediators(agg) and not mediated:
         # Astraea trains mediator chains and rebalances client data; aggregating its replies
         # as plain updates would be FedAvg under Astraea's name.

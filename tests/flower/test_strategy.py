@@ -216,6 +216,14 @@ def test_plain_strategy_refuses_astraea_with_mediators() -> None:
         FedBalanceStrategy("astraea")
 
 
+def test_a_server_app_refuses_a_carried_optimizer_before_any_round() -> None:
+    """Each ClientApp trains with an optimizer of its own: one carried along a mediator's
+    chain cannot take effect, so the strategy is never built (not silently ignored)."""
+    cfg = {"aggregator": "astraea", "aggregator-args": '{"carry_optimizer": true}'}
+    with pytest.raises(ConfigError, match="aggregator-args: carry_optimizer: true cannot take"):
+        strategy_from_run_config(cfg)
+
+
 #: fl_adapters.config.check_eval_keys, as RunConfig and FedML's validation_args say it.
 SHARE = "(the share of clients evaluated)"
 
