@@ -14,11 +14,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: RunConfig fields added after committed records were made, with the value all of those ran
 #: with: a record key leaves them out at that value, so the records still match their runs.
 LATER_DEFAULTS: dict[str, Any] = {"eval_fraction": 1.0}
+#: The same for aggregator arguments (a record of resolved defaults lists every argument):
+#: Astraea's ``carry_optimizer``, off in every committed run.
+LATER_ARGUMENTS: dict[str, Any] = {"carry_optimizer": False}
 
 
 def record_key(cfg: dict[str, Any], leave_out: tuple[str, ...]) -> dict[str, Any]:
     """What defines a run for a benchmark's records: its config with every default resolved,
-    less the fields in ``leave_out`` (where it ran) and :data:`LATER_DEFAULTS` at their value."""
+    less the fields in ``leave_out`` (where it ran), and :data:`LATER_DEFAULTS` and
+    :data:`LATER_ARGUMENTS` at their value."""
     import dataclasses
 
     from fl_adapters.config import RunConfig
@@ -29,6 +33,10 @@ def record_key(cfg: dict[str, Any], leave_out: tuple[str, ...]) -> dict[str, Any
     for k, value in LATER_DEFAULTS.items():
         if key.get(k) == value:
             key.pop(k)
+    args = key.get("aggregator_args") or {}
+    for k, value in LATER_ARGUMENTS.items():
+        if k in args and args[k] is value:
+            args.pop(k)
     return json.loads(json.dumps(key))
 
 
