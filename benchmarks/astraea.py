@@ -209,12 +209,14 @@ def _rounded(values: list[float | None] | None) -> list[float | None] | None:
     return None if values is None else [None if v is None else round(v, 5) for v in values]
 
 
-def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
+def make_record(cfg: dict[str, Any], out: Path, diverged: str | None = None) -> dict[str, Any]:
     """A finished run, compactly: per round the test accuracy and the bias figures (balanced
     accuracy, worst-class recall, each class's recall), the samples trained (x local epochs),
-    bytes and mediator KL (expected and as trained); the plan and the data it added."""
+    bytes and mediator KL (expected and as trained); the plan and the data it added. A run
+    that stopped because its rounds aggregated nothing keeps the rounds it finished and why it
+    stopped (``diverged``)."""
     rows = read_metrics(out)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text()) if diverged is None else {}
     astraea = summary.get("astraea") or {}
     rec: dict[str, Any] = {
         "config": record_key(cfg),
@@ -225,8 +227,10 @@ def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
         "class_recall": [_rounded(r.get("class_recall")) for r in rows],
         "sample_passes": [r["sample_passes"] for r in rows],
         "bytes": [r["bytes_up"] + r["bytes_down"] for r in rows],
-        "elapsed_s": summary["elapsed_s"],
+        "elapsed_s": summary.get("elapsed_s"),
     }
+    if diverged is not None:
+        rec["diverged"] = diverged
     if astraea:
         rec["mediator_kl"] = [_mean(r.get("mediator_kl")) for r in rows]
         rec["mediator_kl_trained"] = [_mean(r.get("mediator_kl_trained")) for r in rows]
@@ -244,8 +248,13 @@ def _run_record(cfg: dict[str, Any], out: str) -> dict[str, Any]:
     if not done or json.loads(marker.read_text()) != record_key(cfg):
         import shutil
 
+        from fl_aggregators import NothingAggregated
+
         shutil.rmtree(out, ignore_errors=True)
-        run_one(cfg, out)
+        try:
+            run_one(cfg, out)
+        except NothingAggregated as exc:  # diverged at its setting: a result of the benchmark
+            return make_record(cfg, Path(out), diverged=str(exc))
         marker.write_text(json.dumps(record_key(cfg)) + "\n")
     return make_record(cfg, Path(out))
 
@@ -452,7 +461,13 @@ def paper_table(by: dict[str, list[dict[str, Any]]]) -> str:
             for r in by[v]
             if r["config"]["seed"] in seeds
         ]
-        return f"{mean_std(diffs, sign='+')} best, {mean_std(finals, sign='+')} final"
+        text = f"{mean_std(diffs, sign='+')} best, {mean_std(finals, sign='+')} final"
+        if len(finals) < 2:
+            return text
+        from fedbalance_benchmarks.thesis_stats import paired
+
+        lo, hi = paired([100 * x for x in finals]).ci()
+        return f"{text} (95 % interval of the final {lo:+.2f} to {hi:+.2f})"
 
     em = "-"
     if "astraea" in by and "astraea Em=1" in by:
@@ -491,7 +506,8 @@ def paper_table(by: dict[str, list[dict[str, Any]]]) -> str:
         ["mean KL to uniform", PAPER["kl"], kl],
         ["data added by augmentation", PAPER["storage"], storage],
     ]
-    return markdown_table(["", "paper", "here (points, paired by seed; mean ± std)"], rows)
+    head = ["", "paper", "here (points, paired by seed; mean ± std; paired t interval)"]
+    return markdown_table(head, rows)
 
 
 def _mean_of(values: Any) -> float | None:
@@ -524,6 +540,7 @@ def bias_table(by: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
     minority = minority_classes(by)
     rows, per_class = [], []
     classes = max((len(c) for rs in by.values() for r in rs for c in r.get("class_recall") or [] if c), default=0)  # fmt: skip
+    minors: dict[str, dict[int, float]] = {}  # variant -> seed -> minority classes' recall
     for v, rs in by.items():
         kept = [r for r in rs if r.get("class_recall")]
         if not kept:
@@ -535,18 +552,22 @@ def bias_table(by: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
             [_final_of([c[k] if c else None for c in r["class_recall"]]) for k in range(classes)]
             for r in kept
         ]
-        minor = [
-            m
+        minors[v] = {
+            r["config"]["seed"]: m
             for r, rc in zip(kept, recall, strict=True)
             if (m := _mean_of(rc[k] for k in minority.get(r["config"]["seed"], []))) is not None
-        ]
+        }
+        minor = list(minors[v].values())
         seeds = ",".join(str(r["config"]["seed"]) for r in kept)
         rows.append([v, mean_std([x for x in balanced if x is not None]),
                      mean_std([x for x in worst if x is not None]), mean_std(minor), seeds])  # fmt: skip
         per_class.append([v, *(mean_std([rc[k] for rc in recall if rc[k] is not None], digits=1)
                                for k in range(classes))])  # fmt: skip
+    for row in rows:  # the minority classes' recall against FedAvg's, paired by seed
+        row.insert(4, _paired_cell(minors.get(row[0], {}), minors.get("fedavg", {}), row[0]))
     head = ["variant", "balanced accuracy %", "worst-class recall %",
-            "minority classes' recall %", "seeds"]  # fmt: skip
+            "minority classes' recall %", "minority recall vs FedAvg (points, 95 % interval)",
+            "seeds"]  # fmt: skip
     sets = sorted({tuple(c) for c in minority.values()})
     note = (
         "Final: mean of the last 10 rounds, then mean ± sample std over the seeds that recorded"
@@ -566,6 +587,18 @@ def bias_table(by: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
         else ""
     )
     return table, classes_table
+
+
+def _paired_cell(mine: dict[int, float], base: dict[int, float], variant: str) -> str:
+    """``mine - base`` over the seeds both hold, in points: mean and the paired t interval."""
+    seeds = sorted(set(mine) & set(base))
+    if variant == "fedavg" or len(seeds) < 2:
+        return "-"
+    from fedbalance_benchmarks.thesis_stats import paired
+
+    est = paired([100 * (mine[s] - base[s]) for s in seeds], seeds)
+    lo, hi = est.ci()
+    return f"{est.diff:+.2f} ({lo:+.2f} to {hi:+.2f})"
 
 
 def fall_table(by: dict[str, list[dict[str, Any]]]) -> str:
@@ -734,6 +767,57 @@ def settings_text(opts: dict[str, Any]) -> str:
     )
 
 
+def finished_runs(
+    records: dict[tuple[str, int], dict[str, Any]], opts: dict[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """Per variant (with at least one), its runs that finished, in seed order: a run that
+    diverged is left out of its variant's figures and of every comparison by seed."""
+    by = {
+        v: [
+            records[(v, s)]
+            for s in range(opts["seeds"])
+            if (v, s) in records and not records[(v, s)].get("diverged")
+        ]
+        for v in opts["variants"]
+    }
+    return {v: rs for v, rs in by.items() if rs}
+
+
+def diverged_text(records: dict[tuple[str, int], dict[str, Any]]) -> str:
+    """One line per run that diverged: where it peaked and why it stopped."""
+    lines = [
+        f"- {v} seed {s}: best {100 * max(rec['accuracy']):.2f} % at round"
+        f" {1 + rec['accuracy'].index(max(rec['accuracy']))}, then stopped: {rec['diverged']}."
+        for (v, s), rec in sorted(records.items())
+        if rec.get("diverged")
+    ]
+    if not lines:
+        return ""
+    return (
+        "**Diverged** at its arm's chosen setting (recorded, not rerun; left out of its"
+        " variant's figures and of the comparisons by seed below):\n\n" + "\n".join(lines) + "\n\n"
+    )
+
+
+#: What each cause variant changes against ``astraea``, as the report says it.
+CAUSE_TEXT = {
+    "astraea batch=50": "`batch=50` trains with batches of 50 instead of 10",
+    "astraea gamma=5": "`gamma=5` averages 10 mediator models a round instead of 5",
+    "astraea carry_optimizer": "`carry_optimizer` carries one optimizer (Adam's moments) along"
+    " each mediator's chain instead of a fresh one for each member",
+}
+
+
+def causes_text(by: dict[str, list[dict[str, Any]]]) -> str:
+    """The sentence naming the cause variants the report holds (none: nothing)."""
+    held = [CAUSE_TEXT[v] for v in CAUSES if v in by]
+    if not held:
+        return ""
+    return (
+        " Variants named after a cause change only that against `astraea`: " + ", ".join(held) + "."
+    )
+
+
 def report_doc(
     records: dict[tuple[str, int], dict[str, Any]], opts: dict[str, Any], command: str
 ) -> dict[str, Any]:
@@ -746,8 +830,9 @@ def report_doc(
             "seed": s,
             "best": max(rec["accuracy"]),
             "best_round": 1 + rec["accuracy"].index(max(rec["accuracy"])),
-            "final": final(rec),
+            "final": None if rec.get("diverged") else final(rec),
             "accuracy": rec["accuracy"],
+            **({"diverged": rec["diverged"]} if rec.get("diverged") else {}),
         }
         for (v, s), rec in sorted(records.items())
     ]
@@ -757,17 +842,13 @@ def report_doc(
 def report(
     records: dict[tuple[str, int], dict[str, Any]], opts: dict[str, Any], command: str
 ) -> str:
-    by = {
-        v: [records[(v, s)] for s in range(opts["seeds"]) if (v, s) in records]
-        for v in opts["variants"]
-    }
+    by = finished_runs(records, opts)
     missing = [
         f"{v} seed {s}"
         for v in opts["variants"]
         for s in range(opts["seeds"])
         if (v, s) not in records
     ]
-    by = {v: rs for v, rs in by.items() if rs}
     seeds = f"0..{opts['seeds'] - 1}"
     samples = training_samples(opts)
     bias, per_class = bias_table(by)
@@ -785,6 +866,7 @@ def report(
         f" `benchmarks/results/per-run/{opts['stem']}/`; runs with a record are not run again;"
         " `--no-run` rewrites this report from them alone).\n\n"
         + (f"**Incomplete:** not yet run: {', '.join(missing)}.\n\n" if missing else "")
+        + diverged_text(records)
         + "## Accuracy at equal rounds and at equal computation\n\n"
         + accuracy_table(by, opts)
         + "\n\n![accuracy per round and per sample-pass]("
@@ -799,11 +881,8 @@ def report(
         + bias
         + (f"\n\nEach class's final recall (%):\n\n{per_class}" if per_class else "")
         + "\n\n## Why the mediators fall\n\n"
-        "Test accuracy per variant: its best, where, its final and the fall between"
-        f" (seeds {seeds}). Variants named after a cause change only that against `astraea`:"
-        " `batch=50` trains with batches of 50 instead of 10, `gamma=5` averages 10 mediator"
-        " models a round instead of 5, `carry_optimizer` carries one optimizer (Adam's moments)"
-        " along each mediator's chain instead of a fresh one for each member.\n\n"
+        f"Test accuracy per variant: its best, where, its final and the fall between (seeds"
+        f" {seeds}).{causes_text(by)}\n\n"
         + fall_table(by)
         + (
             "\n\nThe learning rate and the optimizer, from the validation sweep"
@@ -902,11 +981,7 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / f"{stem}.md").write_text(text)
     doc = report_doc(records, opts, command)
     (out_dir / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    by = {
-        v: [records[(v, s)] for s in range(opts["seeds"]) if (v, s) in records]
-        for v in opts["variants"]
-    }
-    plots({v: rs for v, rs in by.items() if rs}, opts, out_dir)
+    plots(finished_runs(records, opts), opts, out_dir)
     print(text)
     print(f"wrote {out_dir}/{stem}.md, .json and plot in {time.perf_counter() - start:.0f} s")
     return 0
