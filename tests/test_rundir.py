@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -87,19 +89,43 @@ TINY = {
 }
 
 
-def cli_run(work: Path, *flags: str, **env: str) -> subprocess.CompletedProcess[str]:
-    (work / "run.yaml").write_text(yaml.safe_dump(TINY))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FEDBALANCE_")} | env
-    argv = [sys.executable, "-m", "fl_adapters.cli", "run", "run.yaml", "--out", "out", *flags]
-    return subprocess.run(argv, cwd=work, env=environ, capture_output=True, text=True, timeout=120)
+@dataclass
+class Done:
+    returncode: int
+    stderr: str
+
+
+@pytest.fixture
+def cli_run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+    """``fedbalance run run.yaml --out out`` in ``work`` with ``env`` beside the process's own
+    (no other ``FEDBALANCE_`` variable), through the CLI's ``main`` in this process: the same
+    claim, checks and exit codes as the console script, without a Python start of its own."""
+    from fl_adapters.cli import main
+
+    def run(work: Path, *flags: str, **env: str) -> Done:
+        (work / "run.yaml").write_text(yaml.safe_dump(TINY))
+        with monkeypatch.context() as m:
+            for k in [k for k in os.environ if k.startswith("FEDBALANCE_")]:
+                m.delenv(k)
+            for k, v in env.items():
+                m.setenv(k, v)
+            m.chdir(work)
+            capsys.readouterr()
+            code = main(["run", "run.yaml", "--out", "out", *flags])
+        return Done(code, capsys.readouterr().err)
+
+    return run
 
 
 @pytest.mark.slow
-def test_the_inherited_claim_variable_cannot_stand_in_for_the_lock(tmp_path: Path) -> None:
+def test_the_inherited_claim_variable_cannot_stand_in_for_the_lock(
+    tmp_path: Path, cli_run: Any
+) -> None:
     assert cli_run(tmp_path).returncode == 0
     before = (tmp_path / "out" / "metrics.jsonl").read_text()
     out = str((tmp_path / "out").resolve())
-    for held in (out, f"{out}|1", f"{out}|{os.getpid()}"):  # by hand, or stale
+    # By hand, or stale: an ancestor of this process (the CLI runs in it) that holds no lock.
+    for held in (out, f"{out}|1", f"{out}|{os.getppid()}"):
         done = cli_run(tmp_path, FEDBALANCE_HELD_OUT=held)
         assert done.returncode == 2, done.stderr[-2000:]
         assert "holds another run's records (metrics.jsonl" in done.stderr
@@ -131,7 +157,9 @@ def test_a_run_still_in_its_first_round_is_in_use_not_stopped(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("name", ["metrics.jsonl", "aggregations.jsonl", "sub/copy.jsonl"])
-def test_a_record_path_inside_the_run_directory_is_refused(tmp_path: Path, name: str) -> None:
+def test_a_record_path_inside_the_run_directory_is_refused(
+    tmp_path: Path, name: str, cli_run: Any
+) -> None:
     done = cli_run(tmp_path, FEDBALANCE_RECORD=str(tmp_path / "out" / name))
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
