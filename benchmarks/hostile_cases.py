@@ -477,7 +477,11 @@ CASES: tuple[Case, ...] = (
     Case(
         "FEDBALANCE_DISABLE_HOST_AUTOLOAD=1 under framework: fedml-sp",
         [*RUN, "--out", "{dir}/out"],
-        ["FEDBALANCE_DISABLE_HOST_AUTOLOAD=1 keeps fedbalance out of FedML's", "unset it"],
+        [
+            "FEDBALANCE_DISABLE_HOST_AUTOLOAD=1 keeps fedbalance out of FedML's processes, so"
+            " 'fedbalance run' cannot apply",
+            "there: unset it",
+        ],
         _write("run.yaml", BASE.replace("fedlab", "fedml-sp")),
         env={"FEDBALANCE_DISABLE_HOST_AUTOLOAD": "1"},
         check=lambda d: not (d / "out" / "metrics.jsonl").exists(),

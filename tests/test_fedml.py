@@ -312,11 +312,12 @@ def test_wrong_mpi_process_count_fails_fast_with_the_rule(
 @pytest.mark.slow
 @needs_mpi
 def test_missing_dataset_fails_every_mpi_process_with_how_to_get_it(tmp_path: Path) -> None:
-    cfg = config(tmp_path, "mpi.yaml")
+    cfg = config(tmp_path, "mpi.yaml", client_num_per_round=1)  # a server and one client rank
     doc = yaml.safe_load(cfg.read_text())
     doc["data_args"]["dataset"] = "cifar10"
+    doc["device_args"]["worker_num"] = 1
     cfg.write_text(yaml.safe_dump(doc))
-    out = run_host(tmp_path, cfg, processes=3, FEDBALANCE_DATA=str(tmp_path / "empty"))
+    out = run_host(tmp_path, cfg, processes=2, FEDBALANCE_DATA=str(tmp_path / "empty"))
     assert out.returncode != 0
     assert "cifar10 not found under" in out.stdout + out.stderr
 

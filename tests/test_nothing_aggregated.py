@@ -106,25 +106,14 @@ def test_fedbalance_run_that_learns_nothing_exits_non_zero_naming_why(
     if framework == "fedml-mpi":
         pytest.importorskip("fedml")
         pytest.importorskip("mpi4py")
-    done = fedbalance_run(tmp_path, {**DIVERGING, "framework": framework})
+    config = {**DIVERGING, "framework": framework}
+    if framework == "fedml-mpi":  # 2 clients, all in every round: mpirun -np 3, not 4
+        config.update(num_clients=2, clients_per_round=2)
+    done = fedbalance_run(tmp_path, config)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert "rounds 1-2 aggregated nothing (2 in a row, max_skipped_rounds 2)" in last, last
     assert "client 0: parameters contain NaN or Inf" in last, last
-
-
-def test_fedml_runs_are_refused_when_the_autoload_is_off(tmp_path: Path) -> None:
-    """FedML's processes apply fedbalance only through the autoload: with it off, a FedML run
-    would train stock FedAvg and report no round (#61 item 7)."""
-    pytest.importorskip("fedml")
-    config = {**DIVERGING, "framework": "fedml-sp"}
-    done = fedbalance_run(tmp_path, config, FEDBALANCE_DISABLE_HOST_AUTOLOAD="1")
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == (
-        "fedbalance run: error: FEDBALANCE_DISABLE_HOST_AUTOLOAD=1 keeps fedbalance out of "
-        "FedML's processes, so 'fedbalance run' cannot apply 'fedavg' there: unset it"
-    )
-    assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow
