@@ -331,46 +331,6 @@ def refusal(optimizer: str, host: str) -> str:
 LSA_ARGS = {"federated_optimizer": "LSA", "prime_number": 1073741789, "precision_parameter": 20}
 
 
-@pytest.mark.slow
-@needs_mpi
-def test_fedloss_under_lightsecagg_equals_fedloss_in_clear(tmp_path: Path) -> None:
-    """Cross-silo LightSecAgg over MPI with ``aggregator: fedloss`` used to hang on an
-    IndexError in the clients' masking. Now every client scales its model by its FedLoss weight
-    before masking, and the server's unmasked result is FedLoss of the very models the clients
-    trained (saved on the clients by a test-only hook), up to LightSecAgg's 2**-20 rounding."""
-    rec, dump = tmp_path / "rec.jsonl", tmp_path / "dump"
-    dump.mkdir()
-    start = time.monotonic()
-    out = run_host(
-        tmp_path, config(tmp_path, "cross_silo.yaml", **LSA_ARGS), processes=3,
-        script=HOSTS / "fedml_lsa_dump.py", FEDBALANCE_RECORD=str(rec), FEDBALANCE_DUMP=str(dump),
-    )  # fmt: skip
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert time.monotonic() - start < 120
-    entries = records(rec)
-    assert [e["round"] for e in entries] == [1, 2]
-    for entry in entries:
-        r = entry["round"]
-        assert entry["host"] == "fedml-cross-silo" and entry["secure"] == "lightsecagg"
-        models = [torch.load(dump / f"r{r}_c{rank}.pt") for rank in (1, 2)]  # in sender order
-        updates = [
-            ClientUpdate(params=m, num_samples=n, metrics=metrics, client_id=c)
-            for m, n, metrics, c in zip(
-                models, entry["num_samples"], entry["metrics"], entry["clients"], strict=True
-            )
-        ]
-        clear = FedLoss().aggregate(models[0], updates)
-        assert entry["weights"] == pytest.approx(clear.weights, abs=1e-12)
-        assert entry["weights"][0] != pytest.approx(0.5, abs=1e-3)  # not a uniform mean
-        got = torch.load(dump / f"r{r}_server.pt")
-        for key, value in clear.params.items():
-            diff = (got[key].double() - value.double()).abs().max().item()
-            assert diff <= 2 * 2**-20, (r, key, diff)
-        # FedML seeds numpy alike on every rank; the masks now come from os.urandom.
-        masks = {(dump / f"r{r}_c{rank}.mask").read_text() for rank in (1, 2)}
-        assert len(masks) == 2
-
-
 def lsa_run(
     tmp_path: Path, timeout: float = 240, **env: str
 ) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -394,50 +354,79 @@ def lsa_run(
 
 @pytest.mark.slow
 @needs_mpi
-def test_a_malformed_loss_costs_its_silo_the_round_and_a_weight_lie_costs_the_round(
+def test_lightsecagg_fedloss_equals_fedloss_in_clear_and_bad_silos_cost_a_round(
     tmp_path: Path,
 ) -> None:
-    """Under LightSecAgg, round 1: silo rank 1 sends its validation loss as text in the clear
-    phase (a test-only switch). The server's handler used to raise on it and the whole mpirun
-    hung until killed; now the aggregator rejects the silo for the round with a logged reason,
-    it masks zeros, and the round is the other silo's model (weight 1). Round 2: silo rank 2
-    masks its model times 5, within the field, so nothing wraps and the server cannot see it
-    one silo at a time; the unmasked average moves the model far beyond either silo's reported
-    ``update_norm`` (the length of its update, sent in clear), which no honest weighted average
-    can, so the round is skipped and the model kept (the rule of Flower's SecAgg+ too). The
-    run ends with exit 0."""
+    """One cross-silo LightSecAgg run over MPI with ``aggregator: fedloss``, 4 rounds.
+
+    Rounds 1-2, honest: this used to hang on an IndexError in the clients' masking. Now every
+    client scales its model by its FedLoss weight before masking, and the server's unmasked
+    result is FedLoss of the very models the clients trained (saved on the clients by a
+    test-only hook), up to LightSecAgg's 2**-20 rounding.
+
+    Round 3: silo rank 1 sends its validation loss as text in the clear phase (a test-only
+    switch). The server's handler used to raise on it and the whole mpirun hung until killed;
+    now the aggregator rejects the silo for the round with a logged reason, it masks zeros, and
+    the round is the other silo's model (weight 1). Round 4: silo rank 2 masks its model times
+    5, within the field, so nothing wraps and the server cannot see it one silo at a time; the
+    unmasked average moves the model far beyond either silo's reported ``update_norm`` (the
+    length of its update, sent in clear), which no honest weighted average can, so the round is
+    skipped and the model kept (the rule of Flower's SecAgg+ too). The run ends with exit 0.
+    (One run, not two: each MPI start costs three FedML processes.)"""
+    config(tmp_path, "cross_silo.yaml", comm_round=4, **LSA_ARGS)
     out, wall = lsa_run(
-        tmp_path, FEDBALANCE_BAD_LOSS='1@1:"not a number"', FEDBALANCE_INFLATE="2@2:5"
+        tmp_path, FEDBALANCE_BAD_LOSS='3@1:"not a number"', FEDBALANCE_INFLATE="4@2:5"
     )
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-3000:]
-    assert wall < 180
-    (first, second), dump = records(tmp_path / "rec.jsonl"), tmp_path / "dump"
-    assert [first["round"], second["round"]] == [1, 2]
-    assert first["secure"] == second["secure"] == "lightsecagg"
-    bad, _ = first["clients"]  # in sender order: rank 1, rank 2
-    assert not first["skipped"] and first["weights"] == [0.0, 1.0]
-    assert first["rejected"] == [
+    assert wall < 240
+    entries, dump = records(tmp_path / "rec.jsonl"), tmp_path / "dump"
+    assert [e["round"] for e in entries] == [1, 2, 3, 4]
+    assert {e["secure"] for e in entries} == {"lightsecagg"}
+    for entry in entries[:2]:  # honest: FedLoss of the trained models
+        r = entry["round"]
+        assert entry["host"] == "fedml-cross-silo"
+        models = [torch.load(dump / f"r{r}_c{rank}.pt") for rank in (1, 2)]  # in sender order
+        updates = [
+            ClientUpdate(params=m, num_samples=n, metrics=metrics, client_id=c)
+            for m, n, metrics, c in zip(
+                models, entry["num_samples"], entry["metrics"], entry["clients"], strict=True
+            )
+        ]
+        clear = FedLoss().aggregate(models[0], updates)
+        assert entry["weights"] == pytest.approx(clear.weights, abs=1e-12)
+        assert entry["weights"][0] != pytest.approx(0.5, abs=1e-3)  # not a uniform mean
+        got = torch.load(dump / f"r{r}_server.pt")
+        for key, value in clear.params.items():
+            diff = (got[key].double() - value.double()).abs().max().item()
+            assert diff <= 2 * 2**-20, (r, key, diff)
+        # FedML seeds numpy alike on every rank; the masks now come from os.urandom.
+        masks = {(dump / f"r{r}_c{rank}.mask").read_text() for rank in (1, 2)}
+        assert len(masks) == 2
+    third, fourth = entries[2:]
+    bad, _ = third["clients"]  # in sender order: rank 1, rank 2
+    assert not third["skipped"] and third["weights"] == [0.0, 1.0]
+    assert third["rejected"] == [
         {"client": bad, "reason": "metric 'val_loss' is not a number: 'not a number'"}
     ]
     assert f"silo rank 1 (client {bad}) rejected, it masks zeros this round" in log
-    # round 1 is the accepted silo's model, to LightSecAgg's rounding
-    got, kept = torch.load(dump / "r1_server.pt"), torch.load(dump / "r1_c2.pt")
+    # round 3 is the accepted silo's model, to LightSecAgg's rounding
+    got, kept = torch.load(dump / "r3_server.pt"), torch.load(dump / "r3_c2.pt")
     for key, value in kept.items():
         diff = (got[key].double() - value.double()).abs().max().item()
         assert diff <= 2 * 2**-20, (key, diff)
-    # round 2: the lie, the round skipped, the model kept
-    assert second["skipped"] and second["rejected"] == []
+    # round 4: the lie, the round skipped, the model kept
+    assert fourth["skipped"] and fourth["rejected"] == []
     assert "a client misreported its weight or its model; global model kept" in log
-    final = torch.load(dump / "r2_server.pt")
+    final = torch.load(dump / "r4_server.pt")
     assert all(torch.equal(final[k], got[k]) for k in got)
-    for entry in (first, second):
+    for entry in entries:
         norms = [m["update_norm"] for m in entry["metrics"]]
         assert all(isinstance(n, float) and 0 < n < float("inf") for n in norms), norms
-    # Round 2's update norm is the honest silo's trained model minus round 1's result.
-    trained = torch.load(dump / "r2_c1.pt")
+    # Round 4's update norm is the honest silo's trained model minus round 3's result.
+    trained = torch.load(dump / "r4_c1.pt")
     norm = sum(float((trained[k].double() - got[k].double()).square().sum()) for k in trained)
-    assert second["metrics"][0]["update_norm"] == pytest.approx(norm**0.5, rel=1e-6)
+    assert fourth["metrics"][0]["update_norm"] == pytest.approx(norm**0.5, rel=1e-6)
 
 
 @pytest.mark.slow
