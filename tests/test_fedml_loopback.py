@@ -1,17 +1,19 @@
 """What a run that ``fedbalance run`` starts listens on, read from ``/proc`` while it trains
 (issue #61: FedLab's rendezvous store and FedML's MPI listeners were on every interface).
 
-Each test starts a real run, lists the listening TCP sockets of every process below it until
-the first round is recorded (by then every rank is up), stops it, and checks the addresses.
-:func:`listeners_of_a_run` serves tests/test_fedlab.py too.
+A check lists the listening TCP sockets of every process below it until the first round is
+recorded (by then every rank is up) and checks the addresses. :func:`listeners_of_a_run` starts
+a run of its own (tests/test_fedlab.py); FedML's checks ride on the runs that
+tests/test_fedml_resume.py starts anyway, through :class:`Listeners` and :func:`check_fedml_mpi`
+and :func:`check_fedml_grpc` (each FedML start costs a process per rank).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -70,48 +72,65 @@ def exposed(seen: dict[tuple[str, str, int], int]) -> list[tuple[str, str, int]]
     return sorted(key for key in seen if not is_loopback(key[1]))
 
 
-FEDML_RUN = {
-    "framework": "fedml-cross-silo",
-    "dataset": "fmnist",
-    "max_samples": 1000,
-    "partition": {"name": "mixed"},
-    "aggregator": "fedloss",
-    "num_clients": 6,
-    "clients_per_round": 2,
-    "rounds": 1,
-    "local_epochs": 1,
-}
+class Listeners:
+    """The TCP sockets every process below this one listens on (``{(process name, address,
+    port): pid}``), polled on a thread from entering until ``record`` holds a line (the first
+    round aggregated: every rank has been up for a while); ``first_round_s`` says when."""
+
+    def __init__(self, record: Path, timeout: float = 120) -> None:
+        self.record, self.timeout = record, timeout
+        self.seen: dict[tuple[str, str, int], int] = {}
+        self.first_round_s: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="listeners", daemon=True)
+
+    def __enter__(self) -> Listeners:
+        self._start = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set() and time.monotonic() - self._start < self.timeout:
+            for pid, ip, port in listening(descendants(me)):
+                try:
+                    name = Path(f"/proc/{pid}/comm").read_text().strip()
+                except OSError:
+                    continue
+                self.seen[(name, ip, port)] = pid
+            if self.record.exists() and self.record.read_text().strip():
+                self.first_round_s = time.monotonic() - self._start
+                return
+            time.sleep(0.2)
 
 
-@pytest.mark.slow
-def test_a_fedml_grpc_run_listens_on_loopback_only(tmp_path: Path) -> None:
+def check_fedml_grpc(watch: Listeners, out: Path) -> None:
     """FedML over gRPC: each rank's gRPC port on 127.0.0.1 and nothing else. (FedML's imports
     of mpi4py used to make every rank a one-rank MPI world whose ``orted`` and TCP transport
     listened on 0.0.0.0 and [::].)"""
-    pytest.importorskip("fedml")
-    pytest.importorskip("grpc")
-    seen, wall = listeners_of_a_run(tmp_path, FEDML_RUN | {"backend": "grpc"})
+    seen = watch.seen
+    assert watch.first_round_s is not None and watch.first_round_s < 60, watch.first_round_s
     assert exposed(seen) == [], seen
     assert {name for name, _, _ in seen} == {"python"}, seen  # no orted, no mpirun
     ports = {int(line.rsplit(",", 1)[1]) for line in
-             (tmp_path / "out" / "grpc_ipconfig.csv").read_text().splitlines()[1:]}  # fmt: skip
+             (out / "grpc_ipconfig.csv").read_text().splitlines()[1:]}  # fmt: skip
     assert ports <= {port for _, _, port in seen}, seen  # the three gRPC servers were seen
-    assert wall < 60
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which(MPIRUN) is None, reason="needs OpenMPI's mpirun")
-def test_a_fedml_mpi_run_listens_on_loopback_only(tmp_path: Path) -> None:
-    """FedML cross-silo over MPI: the ranks listen on nothing (shared memory between them; the
-    TCP transport listened on 0.0.0.0 and [::]), and mpirun's own out-of-band listener, which
-    Open MPI 4.1 binds to every interface whatever it is told, is on loopback too (the bind
-    shim, ``loopback_preload``)."""
-    pytest.importorskip("fedml")
-    seen, wall = listeners_of_a_run(tmp_path, FEDML_RUN)
+def check_fedml_mpi(watch: Listeners) -> None:
+    """FedML over MPI: the ranks listen on nothing (shared memory between them; the TCP
+    transport listened on 0.0.0.0 and [::]), and mpirun's own out-of-band listener, which Open
+    MPI 4.1 binds to every interface whatever it is told, is on loopback too (the bind shim,
+    ``loopback_preload``)."""
+    seen = watch.seen
+    assert watch.first_round_s is not None and watch.first_round_s < 60, watch.first_round_s
     assert exposed(seen) == [], seen
     assert {name for name, _, _ in seen} <= {MPIRUN}, seen  # the ranks listen on nothing
     assert any(name == MPIRUN for name, _, _ in seen), seen  # mpirun's listener was seen
-    assert wall < 60
 
 
 def test_without_a_compiler_the_shim_is_none_and_says_what_stays_open(

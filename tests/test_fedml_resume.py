@@ -312,11 +312,16 @@ def check_launched(out: Path, host: str, backend: str, rounds: int) -> None:
 def test_a_killed_mpi_rank_names_itself_and_the_run_resumes(
     tmp_path: Path, framework: str, rank: int
 ) -> None:
+    from test_fedml_loopback import Listeners, check_fedml_mpi
+
     from fedbalance_benchmarks.reliability_faults import fedml_kill_and_resume
 
     out = tmp_path / "out"
     config = run_config(tmp_path, "mpi", framework=framework, rounds=50)
-    got = fedml_kill_and_resume(out, config, rank=rank, more_rounds=1)
+    with Listeners(out / "aggregations.jsonl") as watch:
+        got = fedml_kill_and_resume(out, config, rank=rank, more_rounds=1)
+    if framework == "fedml-cross-silo":  # what it listened on until round 1 (#61)
+        check_fedml_mpi(watch)
     assert f"process rank {rank} exited on signal 9" in got["error"], got
     check_killed_and_resumed(got, out, got["checkpoint_round"] + 1)
     check_launched(out, framework, "MPI", got["checkpoint_round"] + 1)
@@ -328,16 +333,21 @@ def test_a_killed_grpc_silo_then_server_name_themselves_and_the_run_resumes(
 ) -> None:
     """A silo (rank 2) is killed; the resume is itself the run whose server (rank 0) is killed
     once it has checkpointed a round past the first stop; the second resume finishes the run.
-    Each stop names what died, its log and the checkpoint; each killed run's logs are kept."""
+    Each stop names what died, its log and the checkpoint; each killed run's logs are kept.
+    Until round 1 the first run listens on loopback only (:func:`check_fedml_grpc`)."""
     pytest.importorskip("grpc")
     import dataclasses
+
+    from test_fedml_loopback import Listeners, check_fedml_grpc
 
     from fedbalance_benchmarks.reliability_faults import fedml_kill
     from fl_adapters.fedml.runner import run_fedml
 
     out = tmp_path / "out"
     config = run_config(tmp_path, "grpc", framework="fedml-cross-silo", backend="grpc", rounds=50)
-    silo = fedml_kill(out, config, rank=2, kill_after=1)
+    with Listeners(out / "aggregations.jsonl") as watch:
+        silo = fedml_kill(out, config, rank=2, kill_after=1)
+    check_fedml_grpc(watch, out)  # what it listened on until round 1 (#61)
     server = fedml_kill(out, config, rank=0, kill_after=silo["checkpoint_round"] + 1, resume=True)
     rounds = server["checkpoint_round"] + 1
     run_fedml(dataclasses.replace(config, rounds=rounds), out, resume=True, timeout=600)
