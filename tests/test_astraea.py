@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import yaml
 from helpers import digits_run, records
 
 from fl_adapters.astraea import AstraeaPlanner, rebalance, round_traffic, run_mediator
@@ -238,59 +236,6 @@ def test_fedlab_standalone_astraea_records_mediators_kl_and_bytes(
     assert again["final_accuracy"] == summary["final_accuracy"]
     assert records(tmp_path / "b" / "metrics.jsonl")[-1]["test_loss"] == metrics[-1]["test_loss"]
     assert [r["mediators"] for r in records(rec)[3:]] == [r["mediators"] for r in lines]
-
-
-# -- FedML sp -------------------------------------------------------------------------------------
-EXAMPLE = Path(__file__).resolve().parents[1] / "adapters" / "fedml" / "example"
-
-
-def fedml_config(tmp_path: Path, name: str = "sp.yaml", **train_args: object) -> Path:
-    doc = yaml.safe_load((EXAMPLE / name).read_text())
-    doc["data_args"]["max_samples"] = 2000
-    doc["data_args"]["partition_spec"] = {
-        "name": "global_imbalance",
-        "profile": "zipf",
-        "exponent": 1.2,
-        "then": {"name": "label_dirichlet", "beta": 0.5},
-    }
-    doc["train_args"].update(
-        aggregator="astraea",
-        aggregator_args={"gamma": 2, "tau_d": 2.0},
-        client_num_in_total=6,
-        client_num_per_round=4,
-        comm_round=2,
-    )
-    doc["train_args"].update(train_args)
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
-@pytest.mark.slow
-def test_fedml_sp_runs_astraea_and_records_mediators(tmp_path: Path) -> None:
-    # One run: that the same seed gives the same plan and weights in another FedML process is
-    # test_fedml_resume's sp resume of Astraea (bit for bit, a second process).
-    pytest.importorskip("fedml")
-    import subprocess
-
-    rec = tmp_path / "rec.jsonl"
-    out = subprocess.run(
-        [sys.executable, str(EXAMPLE / "main.py"), "--cf", str(fedml_config(tmp_path))],
-        cwd=tmp_path,
-        env={**__import__("os").environ, "FEDBALANCE_RECORD": str(rec)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = records(rec)
-    assert [r["round"] for r in lines] == [1, 2]
-    for r in lines:
-        assert r["host"] == "fedml-sp" and r["aggregator"] == "astraea"
-        assert len(r["mediators"]) == 2 and all(len(g) == 2 for g in r["mediators"])
-        assert r["clients"] == [0, 1] and len(r["kl"]) == 2
-        assert r["bytes"]["server_down"] > 0 and r["bytes"]["mediator_clients"] > 0
-        assert r["weights"] == pytest.approx([n / sum(r["num_samples"]) for n in r["num_samples"]])
 
 
 @pytest.mark.parametrize(

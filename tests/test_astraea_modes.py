@@ -328,6 +328,22 @@ def fedml_sp(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+def test_fedml_sp_by_hand_runs_astraea_and_records_mediators(
+    fedml_sp: list[dict[str, Any]],
+) -> None:
+    """The example script run by hand on sp.yaml with ``aggregator: astraea``: each round's
+    record holds the mediators (3 clients, gamma 2: one of two, one alone), their KL, the
+    paper's traffic and weights n_m / n."""
+    assert [r["round"] for r in fedml_sp] == [1, 2]
+    for r in fedml_sp:
+        assert r["host"] == "fedml-sp" and r["aggregator"] == "astraea"
+        assert sorted(len(g) for g in r["mediators"]) == [1, 2] and len(r["kl"]) == 2
+        assert r["clients"] == [0, 1]  # one id per mediator
+        assert r["bytes"]["server_down"] > 0 and r["bytes"]["mediator_clients"] > 0
+        assert r["weights"] == pytest.approx([n / sum(r["num_samples"]) for n in r["num_samples"]])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "host"),
     [("mpi.yaml", "fedml-mpi"), ("cross_silo.yaml", "fedml-cross-silo")],
