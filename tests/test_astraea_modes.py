@@ -300,18 +300,23 @@ def fedml_yaml(tmp_path: Path, name: str) -> Path:
     return path
 
 
-def run_fedml(tmp_path: Path, name: str) -> tuple[list[dict[str, Any]], str]:
+def run_fedml(
+    tmp_path: Path, name: str, script: Path = EXAMPLE / "main.py", **env: str
+) -> tuple[list[dict[str, Any]], str]:
+    """The example (or ``script``) on ``name``'s YAML: sp in one process, the MPI modes under
+    ``mpirun -np 4``, one torch thread each; its records and its output."""
     rec = tmp_path / f"{name}.jsonl"
-    cmd = [sys.executable, str(EXAMPLE / "main.py"), "--cf", str(fedml_yaml(tmp_path, name))]
+    cmd = [sys.executable, str(script), "--cf", str(fedml_yaml(tmp_path, name))]
+    env = {"FEDBALANCE_RECORD": str(rec), "OMP_NUM_THREADS": "1", **env}
     if name != "sp.yaml":
         if shutil.which("mpirun") is None:
             pytest.skip("OpenMPI's mpirun is not installed")
         mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4"]
-        cmd = [*mpirun, "-x", "FEDBALANCE_RECORD", "-x", "OMP_NUM_THREADS", *cmd]
+        cmd = [*mpirun, *[a for k in env for a in ("-x", k)], *cmd]
     out = subprocess.run(
         cmd,
         cwd=tmp_path,
-        env={**os.environ, "FEDBALANCE_RECORD": str(rec), "OMP_NUM_THREADS": "1"},
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=600,
@@ -343,23 +348,82 @@ def test_fedml_sp_by_hand_runs_astraea_and_records_mediators(
         assert r["weights"] == pytest.approx([n / sum(r["num_samples"]) for n in r["num_samples"]])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("name", "host"),
-    [("mpi.yaml", "fedml-mpi"), ("cross_silo.yaml", "fedml-cross-silo")],
-    ids=["mpi-simulation", "cross-silo"],
-)
-def test_fedml_mpi_modes_match_sp(
-    name: str, host: str, fedml_sp: list[dict[str, Any]], tmp_path: Path
-) -> None:
-    got, log = run_fedml(tmp_path, name)
+def check_mpi_mode(got: list[dict[str, Any]], log: str, host: str) -> None:
     assert [r["round"] for r in got] == [1, 2] and {r["host"] for r in got} == {host}
     # 3 clients, gamma 2: a mediator of two relayed through two processes, and one alone.
     assert all(sorted(len(g) for g in r["mediators"]) == [1, 2] for r in got)
     # Each client process trained once a round: the second member got the first one's model
     # from the server (a relayed sync message), not a second copy of the global model.
     assert log.count("#######training###########") == 3 * 2
+
+
+@pytest.mark.slow
+def test_fedml_mpi_simulation_matches_sp(fedml_sp: list[dict[str, Any]], tmp_path: Path) -> None:
+    got, log = run_fedml(tmp_path, "mpi.yaml")
+    check_mpi_mode(got, log, "fedml-mpi")
     same_fields(fedml_sp, got)
+
+
+@pytest.mark.slow
+def test_fedml_cross_silo_over_mpi_matches_sp_and_over_grpc_bit_for_bit(
+    fedml_sp: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Cross-silo over MPI (``mpirun -np 4``) gives sp's plan, mediators, KL, weights and
+    traffic; the same YAML over gRPC (each silo its own process) gives MPI's records and final
+    global model bit for bit (one torch thread per process in both: with torch's default
+    threads the two differ by ~1e-6, the summation order), and the user's ``bias.figures`` on
+    FedML's loaders after the run are the figures fedbalance logged for the last round."""
+    pytest.importorskip("grpc")
+    import json
+
+    import torch
+    from test_fedml_grpc import FINAL_FIGURES_HOST, FINAL_MODEL_HOST, finish, launch
+
+    from fl_adapters.fedml.ipconfig import free_ports as grpc_ports
+    from fl_adapters.fedml.ipconfig import write_ipconfig
+    from fl_adapters.fedml.patches.sp import FIGURES
+
+    mpi_dir, grpc_dir = tmp_path / "mpi", tmp_path / "grpc"
+    mpi_dir.mkdir()
+    grpc_dir.mkdir()
+    over_mpi, log = run_fedml(
+        mpi_dir, "cross_silo.yaml", FINAL_MODEL_HOST, FINAL_MODEL=str(mpi_dir / "final.pt")
+    )
+    check_mpi_mode(over_mpi, log, "fedml-cross-silo")
+    same_fields(fedml_sp, over_mpi)
+
+    cfg = fedml_yaml(grpc_dir, "cross_silo_grpc.yaml")
+    doc = yaml.safe_load(cfg.read_text())
+    ipconfig = write_ipconfig(grpc_dir / "grpc_ipconfig.csv", grpc_ports(4))
+    doc["comm_args"]["grpc_ipconfig_path"] = str(ipconfig)
+    cfg.write_text(yaml.safe_dump(doc))
+    started: list[subprocess.Popen[str]] = []
+    try:
+        procs = launch(
+            started, grpc_dir, cfg, [0, 1, 2, 3], FINAL_FIGURES_HOST,
+            FEDBALANCE_RECORD=str(grpc_dir / "rec.jsonl"),
+            FINAL_MODEL=str(grpc_dir / "final.pt"),
+            FINAL_FIGURES=str(grpc_dir / "figures.json"),
+        )  # fmt: skip
+        server_log = finish(procs, grpc_dir)
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    mine = json.loads((grpc_dir / "figures.json").read_text())
+    logged = [line.split(FIGURES, 1)[1] for line in server_log.splitlines() if FIGURES in line]
+    assert len(logged) == 2, server_log[-3000:]
+    last = json.loads(logged[-1])
+    for key in ("accuracy", "balanced_accuracy", "worst_class", "client_acc_mean"):
+        assert mine[key] == pytest.approx(last[key]), key
+    assert mine["client_accuracy"] == pytest.approx(last["client_accuracy"])
+    over_grpc = records(grpc_dir / "rec.jsonl")
+    assert {r["host"] for r in over_grpc} == {"fedml-cross-silo"}
+    assert over_grpc == over_mpi  # the same plan, mediators, KL, weights, samples and bytes
+    got, want = torch.load(grpc_dir / "final.pt"), torch.load(mpi_dir / "final.pt")
+    assert list(got) == list(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 # -- faults ---------------------------------------------------------------------------------------

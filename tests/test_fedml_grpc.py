@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -25,14 +24,13 @@ from typing import Any
 import pytest
 import yaml
 from helpers import check_fedloss_records, records
-from test_fedml import EXAMPLE, HOSTS, MPIRUN, config, final_test_metrics
+from test_fedml import EXAMPLE, HOSTS, config, final_test_metrics
 
 pytest.importorskip("fedml")
 pytest.importorskip("grpc")
 
 from fl_adapters.config import ConfigError, RunConfig  # noqa: E402
 from fl_adapters.fedml.ipconfig import check_grpc, free_ports, write_ipconfig  # noqa: E402
-from fl_adapters.fedml.patches.sp import FIGURES  # noqa: E402
 from fl_adapters.run.processes import watch  # noqa: E402
 
 FINAL_MODEL_HOST = Path(__file__).parent / "hosts" / "fedml_final_model.py"
@@ -177,67 +175,6 @@ def test_the_grpc_receive_queue_waits_for_a_message_instead_of_spinning(
     over_mpi = SimpleNamespace(com_manager=SimpleNamespace(q_receiver=queue.Queue()))
     cross_silo.quiet_run(over_mpi, lambda self: None)
     assert type(over_mpi.com_manager.q_receiver) is queue.Queue
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed")
-def test_grpc_astraea_matches_the_mpi_cross_silo_run(tmp_path: Path, started: list) -> None:
-    import torch
-
-    train_args: dict[str, Any] = dict(aggregator="astraea", aggregator_args={"gamma": 2})
-    grpc_dir, mpi_dir = tmp_path / "grpc", tmp_path / "mpi"
-    grpc_dir.mkdir()
-    mpi_dir.mkdir()
-    procs = launch(
-        started,
-        grpc_dir,
-        grpc_config(grpc_dir, **train_args),
-        [0, 1, 2],
-        FINAL_FIGURES_HOST,
-        FEDBALANCE_RECORD=str(grpc_dir / "rec.jsonl"),
-        FINAL_MODEL=str(grpc_dir / "final.pt"),
-        FINAL_FIGURES=str(grpc_dir / "figures.json"),
-    )
-    # One run after the other: both at once would put six processes on two cores, beside the
-    # other test worker's (not faster when tried here, under load).
-    server_log = finish(procs, grpc_dir)
-    # The user's bias.figures on FedML's loaders, after the run, are the figures fedbalance
-    # logged for the last round (the same final model on the same clients' test splits).
-    mine = json.loads((grpc_dir / "figures.json").read_text())
-    logged = [line.split(FIGURES, 1)[1] for line in server_log.splitlines() if FIGURES in line]
-    assert len(logged) == 2, server_log[-3000:]
-    last = json.loads(logged[-1])
-    for key in ("accuracy", "balanced_accuracy", "worst_class", "client_acc_mean"):
-        assert mine[key] == pytest.approx(last[key]), key
-    assert mine["client_accuracy"] == pytest.approx(last["client_accuracy"])
-    env = {
-        "FEDBALANCE_RECORD": str(mpi_dir / "rec.jsonl"),
-        "FINAL_MODEL": str(mpi_dir / "final.pt"),
-        **ONE_THREAD,
-    }
-    cmd = [sys.executable, str(FINAL_MODEL_HOST), "--cf"]
-    out = subprocess.run(
-        [*MPIRUN, "-np", "3", *[a for k in env for a in ("-x", k)], *cmd]
-        + [str(config(mpi_dir, "cross_silo.yaml", **train_args))],
-        cwd=mpi_dir,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    over_grpc, over_mpi = records(grpc_dir / "rec.jsonl"), records(mpi_dir / "rec.jsonl")
-    assert [r["round"] for r in over_grpc] == [1, 2]
-    for r in over_grpc:
-        assert r["host"] == "fedml-cross-silo" and r["aggregator"] == "astraea"
-        assert len(r["mediators"]) == 1 and len(r["mediators"][0]) == 2  # 2 silos, gamma 2
-    # Same plan, mediators, KL, weights, samples and relayed bytes as over MPI...
-    assert over_grpc == over_mpi
-    # ... and the same final global model, bit for bit (one torch thread per process in both
-    # runs; with torch's default threads the two differ by ~1e-6, the summation order).
-    got, want = torch.load(grpc_dir / "final.pt"), torch.load(mpi_dir / "final.pt")
-    assert list(got) == list(want)
-    assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 @pytest.mark.slow
@@ -504,7 +441,6 @@ def test_a_checkpoint_written_before_the_backend_field_still_resumes(tmp_path: P
 
 
 def test_metrics_rows_carry_astraea_mediators_and_fedml_accuracy(tmp_path: Path) -> None:
-    import json
 
     from fl_adapters.fedml.runner import collect
     from fl_adapters.run.directory import RunFiles
@@ -521,7 +457,6 @@ def test_metrics_rows_carry_astraea_mediators_and_fedml_accuracy(tmp_path: Path)
 
 def test_the_committed_shutdown_report_is_what_its_records_give() -> None:
     """benchmarks/results/grpc_shutdown.md, regenerated from its per-run records alone."""
-    import json
 
     from fedbalance_benchmarks import grpc_shutdown as study
 
