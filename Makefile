@@ -149,11 +149,16 @@ lint: setup
 # alone are 121 MB of packages; the five packages with their dependencies were 177 Debian
 # packages and 30 s of apt-get install on this machine when it was fresh).
 test:
-	@rm -f .flower-tests.rc .setup.rc .docs-setup.rc; start=$$(date +%s); \
+	@rm -f .flower-tests.rc .setup.rc .docs-setup.rc .oldest-setup.rc; start=$$(date +%s); \
 	( $(MAKE) --no-print-directory $(DOCS_VENV)/.installed > .side-setup.log 2>&1; \
 		echo $$? > .docs-setup.rc ) & \
 	$(MAKE) --no-print-directory -j2 system-deps $(VENV)/.torch || { wait; exit 1; }; \
-	( { $(MAKE) --no-print-directory test-flower test-flower-oldest; flower=$$?; \
+	( { $(MAKE) --no-print-directory setup-flower && { \
+		( $(MAKE) --no-print-directory setup-flower-oldest > .oldest-setup.log 2>&1; \
+			echo $$? > .oldest-setup.rc ) & \
+		$(MAKE) --no-print-directory test-flower; newest=$$?; wait $$!; cat .oldest-setup.log; \
+		[ "$$(cat .oldest-setup.rc)" = 0 ] && $(MAKE) --no-print-directory test-flower-oldest \
+		&& [ $$newest = 0 ]; }; flower=$$?; \
 		until [ -e .setup.rc ] && [ -e .docs-setup.rc ]; do sleep 2; done; cat .side-setup.log; \
 		if [ "$$(cat .setup.rc)$$(cat .docs-setup.rc)" = 00 ]; then \
 			$(MAKE) -k --no-print-directory lint test-docs; rest=$$?; else rest=1; fi; \
