@@ -110,6 +110,8 @@ def test_mpi_simulation_aggregates_with_fedloss(tmp_path: Path) -> None:
     figures = [json.loads(f) for f in re.findall(FIGURES_LINE, log)]
     assert accs == [f["accuracy"] for f in figures] and len(accs) == 2
     assert "one evaluation pass more" not in log
+    # every rank's message loop waited for messages instead of polling every 0.1 ms
+    assert log.count("FedML's MPI receive loop waits for messages instead of spinning") == 3
 
 
 @pytest.mark.slow

@@ -146,35 +146,37 @@ def test_grpc_cross_silo_with_fedmls_own_scripts_and_ours_aggregates_with_fedlos
 
 
 @pytest.mark.timeout(60)
-def test_the_grpc_receive_queue_waits_for_a_message_instead_of_spinning(
+def test_a_receive_queue_waits_for_a_message_instead_of_spinning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """FedML's own servicer queue, its class changed in place: ``qsize`` on an empty queue
     returns when a message is put (an hour's wait would time the test out), in FedML's order;
-    an MPI manager's queue is left as it is."""
+    an MPI manager's receive queue the same way."""
     import queue
 
     from fedml.core.distributed.communication.grpc.grpc_server import GRPCCOMMServicer
 
-    from fl_adapters.fedml.patches import cross_silo
+    from fl_adapters.fedml.patches import distributed
 
     servicer = GRPCCOMMServicer("127.0.0.1", free_ports(1)[0], 2, 0)
     q = servicer.message_q
     manager = SimpleNamespace(com_manager=SimpleNamespace(grpc_servicer=servicer))
-    assert cross_silo.quiet_run(manager, lambda self: "FedML's loop ran") == "FedML's loop ran"
-    assert servicer.message_q is q and type(q) is cross_silo.WaitingQueue
+    assert distributed.quiet_run(manager, lambda self: "FedML's loop ran") == "FedML's loop ran"
+    assert servicer.message_q is q and type(q) is distributed.WaitingQueue
 
-    monkeypatch.setattr(cross_silo, "RECEIVE_WAIT_S", 3600.0)
+    monkeypatch.setattr(distributed, "RECEIVE_WAIT_S", 3600.0)
     threading.Timer(0.2, lambda: servicer.message_q.put(b"first")).start()
     assert q.qsize() == 1  # woken by the put, not by the hour's timeout
     q.put(b"second")
     assert [q.get(), q.get()] == [b"first", b"second"]
-    monkeypatch.setattr(cross_silo, "RECEIVE_WAIT_S", 0.01)
+    monkeypatch.setattr(distributed, "RECEIVE_WAIT_S", 0.01)
     assert q.qsize() == 0  # empty: FedML's loop checks whether it should stop, then asks again
 
-    over_mpi = SimpleNamespace(com_manager=SimpleNamespace(q_receiver=queue.Queue()))
-    cross_silo.quiet_run(over_mpi, lambda self: None)
-    assert type(over_mpi.com_manager.q_receiver) is queue.Queue
+    received: queue.Queue[bytes] = queue.Queue()
+    over_mpi = SimpleNamespace(com_manager=SimpleNamespace(q_receiver=received))
+    distributed.quiet_run(over_mpi, lambda self: None)
+    assert over_mpi.com_manager.q_receiver is received
+    assert type(received) is distributed.WaitingQueue
 
 
 @pytest.mark.slow

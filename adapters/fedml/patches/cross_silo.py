@@ -1,13 +1,12 @@
 """FedML cross-silo (one process per silo and one server, over MPI or FedML's gRPC):
 fedbalance's training and aggregation (behind FedML's DP and defence hooks), Astraea's relay,
-resume, a gRPC silo that waits for its server, a gRPC receive loop that waits instead of spinning,
+resume, a gRPC silo that waits for its server, a receive loop that waits instead of spinning,
 and LightSecAgg (:mod:`fl_adapters.fedml.secure`).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 from typing import Any
 
 from fl_adapters.fedml import secure
@@ -17,9 +16,6 @@ from fl_adapters.fedml.ipconfig import expect_silos, wait_for_server
 from fl_adapters.fedml.patches import distributed as shared
 
 HOST = "fedml-cross-silo"
-#: How long an empty gRPC receive queue's ``qsize`` waits for a message: FedML's receive loop
-#: sees a stop request at most this late.
-RECEIVE_WAIT_S = 0.05
 #: How long a process's gRPC server, once its run is over, lets calls in flight finish before
 #: it cancels them (the wait ends as soon as they have).
 STOP_GRACE_S = 5.0
@@ -110,34 +106,6 @@ def aggregate_round(self: Any, original: Any) -> Any:
     return averaged, model_list, idxes
 
 
-class WaitingQueue(queue.Queue):
-    """A ``queue.Queue`` whose ``qsize`` waits up to :data:`RECEIVE_WAIT_S` for a message when
-    it is empty, and returns as soon as one is put.
-
-    FedML 0.9.6's gRPC receive loop polls its queue's ``qsize``, and the loop's ``sleep`` sits
-    after its ``while``, so an idle silo or server spins a whole core. The loop waits here
-    instead; messages, their order and their handling stay FedML's.
-    """
-
-    def qsize(self) -> int:
-        with self.not_empty:  # put() notifies it
-            if not self._qsize():
-                self.not_empty.wait(RECEIVE_WAIT_S)
-            return self._qsize()
-
-
-def quiet_run(self: Any, original: Any) -> Any:
-    """A server's or silo's message loop (its ``run``) over gRPC without the busy wait: the
-    receive queue becomes a :class:`WaitingQueue` (the same object, its class changed; only a
-    plain ``queue.Queue``). Over MPI, FedML's loop sleeps between polls and is left as it is."""
-    servicer = getattr(self.com_manager, "grpc_servicer", None)
-    q = getattr(servicer, "message_q", None)
-    if type(q) is queue.Queue:
-        q.__class__ = WaitingQueue
-        log.info("fedbalance: FedML's gRPC receive loop waits for messages instead of spinning")
-    return original(self)
-
-
 def graceful_finish(self: Any, original: Any) -> Any:
     """FedML's ``finish``, over gRPC after the process's gRPC server has stopped with a grace
     period, so calls in flight end first (over MPI there is no gRPC server: FedML's alone).
@@ -163,9 +131,9 @@ AGGREGATOR = (f"{SILO}.server.fedml_aggregator", "FedMLAggregator")
 #: ``(module, class, method, replacement)``
 TARGETS = (
     (*TRAINER, "train", shared.train),
-    # Over gRPC, each process's message loop waits for messages instead of spinning.
-    (*SERVER, "run", quiet_run),
-    (*CLIENT, "run", quiet_run),
+    # Each process's message loop waits for messages instead of spinning.
+    (*SERVER, "run", shared.quiet_run),
+    (*CLIENT, "run", shared.quiet_run),
     (*AGGREGATOR, "aggregate", aggregate_round),
     (*AGGREGATOR, "test_on_server_for_all_clients", shared.test_round),
     # Resume: the silos learn the server's round.

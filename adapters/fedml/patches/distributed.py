@@ -1,12 +1,14 @@
 """What FedML's two distributed modes share (MPI simulation and cross-silo, over MPI or gRPC):
 the client process's training and Astraea data, the server's Astraea relay, its checkpoints
-and resume, and the round number a resumed server's messages carry.
+and resume, the round number a resumed server's messages carry, and a message loop that waits
+for messages instead of polling its queue.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +22,43 @@ from fl_adapters.fedml.astraea import SiloAstraea, seeded_training, silo_data, t
 from fl_adapters.fedml.payload import KEY_ROUND
 
 log = logging.getLogger(__name__)
+
+#: How long an empty receive queue's ``qsize`` waits for a message: FedML's receive loop sees
+#: a stop request at most this late.
+RECEIVE_WAIT_S = 0.05
+
+
+class WaitingQueue(queue.Queue):
+    """A ``queue.Queue`` whose ``qsize`` waits up to :data:`RECEIVE_WAIT_S` for a message when
+    it is empty, and returns as soon as one is put.
+
+    FedML 0.9.6's receive loops poll their queue's ``qsize``: over gRPC the loop's ``sleep``
+    sits after its ``while``, so an idle silo or server spins a whole core; over MPI it sleeps
+    0.1 ms between polls, about an eighth of a core per idle process (measured here), the
+    server's and every client's while the others train. The loop waits here instead; messages,
+    their order and their handling stay FedML's.
+    """
+
+    def qsize(self) -> int:
+        with self.not_empty:  # put() notifies it
+            if not self._qsize():
+                self.not_empty.wait(RECEIVE_WAIT_S)
+            return self._qsize()
+
+
+def quiet_run(self: Any, original: Any) -> Any:
+    """A server's or client's message loop (its ``run``) without the busy wait: the receive
+    queue (FedML's gRPC servicer's, or its MPI manager's) becomes a :class:`WaitingQueue` (the
+    same object, its class changed; only a plain ``queue.Queue``)."""
+    com = getattr(self, "com_manager", None)
+    servicer = getattr(com, "grpc_servicer", None)
+    q, kind = getattr(servicer, "message_q", None), "gRPC"
+    if q is None:
+        q, kind = getattr(com, "q_receiver", None), "MPI"
+    if type(q) is queue.Queue:
+        q.__class__ = WaitingQueue
+        log.info("fedbalance: FedML's %s receive loop waits for messages instead of spinning", kind)
+    return original(self)
 
 
 def train(self: Any, original: Any, round_idx: Any = None) -> Any:

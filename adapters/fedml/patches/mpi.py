@@ -111,6 +111,9 @@ AGGREGATOR = (f"{MPI}.FedAVGAggregator", "FedAVGAggregator")
 #: ``(module, class, method, replacement)``
 TARGETS = (
     (*TRAINER, "train", shared.train),
+    # Each process's message loop waits for messages instead of polling every 0.1 ms.
+    (*SERVER, "run", shared.quiet_run),
+    (*CLIENT, "run", shared.quiet_run),
     (*AGGREGATOR, "aggregate", aggregate_round),
     (*AGGREGATOR, "test_on_server_for_all_clients", shared.test_round),
     # Resume: the clients learn the server's round.
