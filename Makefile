@@ -123,33 +123,35 @@ lint: setup
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-# The main suite and a side lane (the Flower suite, then ruff and mypy and the docs) run side by
-# side. Run one test at a time on 2 cores, the main suite's tests took 1,465 CPU-s (the machine's,
-# not only the test process's: mostly FedML processes, 7.7 CPU-s of `import fedml` each) and the
-# Flower suite's 684 CPU-s (Ray, SuperLink, SuperNodes, a ClientApp process per message); in a
-# clean-clone `make test` (336912d) the side lane was done 1,219 s and the main suite 1,331 s after
-# it began, both cores busy throughout; hours later the same machine took 1,521 s for f425be4
-# and 1,540 s for 05667a4, and later that day 1,484 s (3ec4c1f), then 1,564 s, 1,539 s and
-# 1,600 s for three later commits within two and a half hours, so compare runs made side by
-# side. FEDBALANCE_TEST_CPU=FILE logs
-# each test's CPU (conftest).
-# The side lane's output goes to .flower-tests.log, shown when both are done; the target fails if
-# either does. Each lane says after how many seconds it finished.
+# Three lanes run side by side: the main suite; the Flower suites (1.42, then the 1.41 smoke
+# lane, whose environment builds in the background meanwhile); ruff, mypy, import contracts and
+# the docs, started once $(VENV) is installed. Both cores are busy throughout, so what counts is
+# the CPU all of them take and how little runs alone at the end: in clean-clone runs the Flower
+# lane, with lint and the docs after it, finished 96-140 s after the main suite, those seconds
+# mostly one process (cc14, cc15: 1,302 and 1,242 s against 1,162 and 1,146 s), and building
+# the 1.41 environment after the 1.42 suite took 110 s of it. Run one test at a time on 2
+# cores, the main suite's tests took 1,465 CPU-s (mostly FedML processes, 7.7 CPU-s of `import
+# fedml` each) and the Flower suite's 684 CPU-s (Ray, SuperLink, SuperNodes, a ClientApp
+# process per message); FEDBALANCE_TEST_CPU=FILE logs each test's CPU (conftest). The same
+# commit on the same machine has taken 1,219 to 1,600 s hours apart, so compare runs made
+# side by side.
+# Each lane's output goes to its log (.flower-tests.log, .lint-docs.log), shown when all are
+# done; the target fails if any does. Each lane says after how many seconds it finished.
 # --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
 # and installed-wheel runs) while the other sat idle for 280 s of a 636 s run; a worker that runs
 # out now takes half of the other's queue.
 # The docs environment is built from the start and Flower's once torch is in $(VENV) (its only
 # need of it), both while $(VENV) installs. The main suite starts as soon as $(VENV) is installed:
-# waiting for the other two as well held it up 25-67 s in clean-clone runs. Lint and the docs
-# need $(VENV) and the docs environment, so the side lane runs them last, once both say they are
-# done (.setup.rc, .docs-setup.rc); a failed install fails the target after the other lane ends.
+# waiting for the other two as well held it up 25-67 s in clean-clone runs. A failed install
+# fails the target after the other lanes end.
 # On a fresh machine apt runs off the main suite's path: OpenMPI and Fashion-MNIST install beside
-# torch (-j2; neither needs the other, and mpi4py's build after both needs mpicc), Chromium only
-# when the side lane reaches the browser test (chromium, chromium-common and chromium-driver
+# torch (-j2; neither needs the other, and mpi4py's build after both needs mpicc), Chromium when
+# the lint and docs lane reaches the browser test (chromium, chromium-common and chromium-driver
 # alone are 121 MB of packages; the five packages with their dependencies were 177 Debian
 # packages and 30 s of apt-get install on this machine when it was fresh).
 test:
-	@rm -f .flower-tests.rc .setup.rc .docs-setup.rc .oldest-setup.rc; start=$$(date +%s); \
+	@rm -f .flower-tests.rc .setup.rc .docs-setup.rc .oldest-setup.rc .lint-docs.rc; \
+	start=$$(date +%s); \
 	( $(MAKE) --no-print-directory $(DOCS_VENV)/.installed > .side-setup.log 2>&1; \
 		echo $$? > .docs-setup.rc ) & \
 	$(MAKE) --no-print-directory -j2 system-deps $(VENV)/.torch || { wait; exit 1; }; \
@@ -158,25 +160,26 @@ test:
 			echo $$? > .oldest-setup.rc ) & \
 		$(MAKE) --no-print-directory test-flower; newest=$$?; wait $$!; cat .oldest-setup.log; \
 		[ "$$(cat .oldest-setup.rc)" = 0 ] && $(MAKE) --no-print-directory test-flower-oldest \
-		&& [ $$newest = 0 ]; }; flower=$$?; \
-		until [ -e .setup.rc ] && [ -e .docs-setup.rc ]; do sleep 2; done; cat .side-setup.log; \
-		if [ "$$(cat .setup.rc)$$(cat .docs-setup.rc)" = 00 ]; then \
-			$(MAKE) -k --no-print-directory lint test-docs; rest=$$?; else rest=1; fi; \
-		echo $$(( flower || rest )) > .flower-tests.rc; \
-		echo "side lane (Flower suite, lint, docs) finished after $$(( $$(date +%s) - start )) s"; \
+		&& [ $$newest = 0 ]; }; echo $$? > .flower-tests.rc; \
+		echo "Flower lane finished after $$(( $$(date +%s) - start )) s"; \
 		} > .flower-tests.log 2>&1 ) & \
 	$(MAKE) --no-print-directory setup; echo $$? > .setup.rc; \
 	[ "$$(cat .setup.rc)" = 0 ] || { wait; exit 1; }; \
+	( { until [ -e .docs-setup.rc ]; do sleep 2; done; cat .side-setup.log; \
+		if [ "$$(cat .docs-setup.rc)" = 0 ]; then \
+			$(MAKE) -k --no-print-directory lint test-docs; rest=$$?; else rest=1; fi; \
+		echo $$rest > .lint-docs.rc; \
+		echo "lint and docs finished after $$(( $$(date +%s) - start )) s"; \
+		} > .lint-docs.log 2>&1 ) & \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS); main=$$?; \
 	echo "main suite finished after $$(( $$(date +%s) - start )) s"; \
-	wait; echo "---- Flower suite, lint and docs (in $(FLOWER_VENV), $(DOCS_VENV); log: .flower-tests.log) ----"; \
-	cat .flower-tests.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \
-	echo "make test: main suite exit $$main, Flower suite, lint and docs exit $$flower"; \
-	[ $$main -eq 0 ] && [ $$flower -eq 0 ]
+	wait; echo "---- Flower suites (in $(FLOWER_VENV), $(FLOWER_OLD_VENV); log: .flower-tests.log) ----"; \
+	cat .flower-tests.log; echo "---- lint and docs (in $(VENV), $(DOCS_VENV); log: .lint-docs.log) ----"; \
+	cat .lint-docs.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \
+	rest=$$(cat .lint-docs.rc 2>/dev/null || echo 1); \
+	echo "make test: main suite exit $$main, Flower suites exit $$flower, lint and docs exit $$rest"; \
+	[ $$main -eq 0 ] && [ $$flower -eq 0 ] && [ $$rest -eq 0 ]
 
-# The Flower tests, in Flower's environment (the main suite skips tests/flower: no flwr there).
-# One process: the module-scoped runs are shared by their tests, and xdist would set them up
-# once per worker (measured: no faster with -n 2).
 test-flower: setup-flower
 	$(FLOWER_PY) -m mypy --follow-imports=silent adapters/flower benchmarks/perf_flower_overhead.py
 	$(FLOWER_PY) -m pytest tests/flower --durations=10 $(PYTEST_ARGS)
