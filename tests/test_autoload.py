@@ -204,6 +204,42 @@ def test_real_fedlab_with_a_removed_method_refuses_a_named_aggregator_and_patche
     assert "uplink_package" in out.stdout
 
 
+#: A host package that notes whether the collector ran while it imported and leaves a cycle.
+COLLECTED_HOST = """
+import gc, weakref
+__version__ = "1.3.0"
+collecting = gc.isenabled()
+class Node:
+    pass
+cycle = Node()
+cycle.me = cycle
+dropped = weakref.ref(cycle)
+del cycle
+"""
+
+
+def test_a_hosts_import_pauses_the_collector_then_collects_and_freezes(tmp_path: Path) -> None:
+    path = fake_host(tmp_path, "fedlab", "1.3.0", {"__init__.py": COLLECTED_HOST})
+    code = """
+        import gc, sys
+        import fedlab
+        print(fedlab.collecting, gc.isenabled(), fedlab.dropped() is None, gc.get_freeze_count() > 0)
+        gc.unfreeze()
+        del sys.modules["fedlab"]
+        gc.disable()
+        import fedlab
+        print(fedlab.collecting, gc.isenabled(), gc.get_freeze_count())
+    """
+    out = python(code, path)
+    assert out.returncode == 0, out.stderr
+    # paused during the import, on again after it; the import's cycle collected, the rest frozen
+    # (not walked by the collector again); a process that turned the collector off keeps it off
+    assert out.stdout.split("\n")[:2] == ["False True True True", "False False 0"], out.stdout
+    # without the hook: collecting during the import, nothing frozen
+    stock = python(code, path, FEDBALANCE_DISABLE_HOST_AUTOLOAD="1").stdout.split()
+    assert (stock[0], stock[1], stock[3]) == ("True", "True", "False"), stock
+
+
 def test_cli_run_stops_before_training_on_an_unsupported_host(tmp_path: Path) -> None:
     path = fake_host(tmp_path / "hosts", "fedlab", "1.3.1")
     config = tmp_path / "run.yaml"
