@@ -15,7 +15,6 @@ This module imports nothing heavy: it runs in every Python process of the enviro
 
 from __future__ import annotations
 
-import gc
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -25,6 +24,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from fl_adapters.collector import paused_collector
 from fl_adapters.hosts import builtin_hosts
 
 DISABLE_ENV = "FEDBALANCE_DISABLE_HOST_AUTOLOAD"
@@ -195,23 +195,9 @@ class _ArmingLoader(importlib.abc.Loader):
         return create(spec) if create is not None else None
 
     def exec_module(self, module: ModuleType) -> None:
-        # Python's cyclic collector paused while the host and its adapter import: importing
-        # FedML builds about 10^6 objects that live as long as the process, and the collector's
-        # passes over them took about a third of a FedML process's start. What the imports
-        # left as cyclic garbage is collected at once; the rest is moved out of the collector's
-        # sight (gc.freeze), so no later pass, the one at exit included, walks it again.
-        # Measured: benchmarks/perf_host_import.py. A process that turned its collector off
-        # keeps it as it is.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with paused_collector():  # importing FedML: see fl_adapters.collector
             self.loader.exec_module(module)  # the host's own errors are the host's
             arm_host(self.name, module)
-        finally:
-            if collecting:
-                gc.collect()
-                gc.freeze()
-                gc.enable()
 
     def __getattr__(self, item: str) -> Any:  # get_resource_reader, is_package, ...
         return getattr(self.loader, item)

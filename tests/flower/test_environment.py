@@ -28,3 +28,18 @@ def test_core_packages_never_import_flwr() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_apps_components_import_with_the_collector_paused_then_frozen() -> None:
+    """Flower starts a process per message for the ClientApp: its imports leave the collector
+    on and their objects frozen (fl_adapters.collector), with or without the switch."""
+    code = (
+        "import gc, fl_adapters.flower.app.client_app, fl_adapters.flower.app.server_app;"
+        "print(gc.isenabled(), gc.get_freeze_count() > 0)"
+    )
+    for switch, frozen in (("1", "True"), ("0", "False")):
+        env = {**os.environ, "FEDBALANCE_FREEZE_IMPORTS": switch}
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+        )
+        assert out.stdout.split() == ["True", frozen], (switch, out.stdout)

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from typing import cast
 
-import torch
-from flwr.app import Context, Message
-from flwr.clientapp import ClientApp
+from fl_adapters.collector import paused_collector
 
-from fl_adapters.astraea import dataset_tensors
-from fl_adapters.flower.app.task import client_data, model_of, train_fn
-from fl_adapters.flower.astraea import astraea_query_reply, astraea_train_reply
-from fl_adapters.flower.trainer import evaluate_reply, partition_id
-from fl_checks import ParameterError
+# Flower starts a ClientApp process for every message; most of its CPU was these imports.
+with paused_collector():
+    import torch
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+
+    from fl_adapters.astraea import dataset_tensors
+    from fl_adapters.flower.app.task import client_data, model_of, train_fn
+    from fl_adapters.flower.astraea import astraea_query_reply, astraea_train_reply
+    from fl_adapters.flower.trainer import evaluate_reply, partition_id
+    from fl_checks import ParameterError
 
 app = ClientApp()
 

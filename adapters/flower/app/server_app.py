@@ -8,16 +8,19 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, Result
+from fl_adapters.collector import paused_collector
 
-from fl_adapters.flower.app.task import CLIENT_KEYS, model_of, run_config_of
-from fl_adapters.flower.payload import to_array_record, to_state_dict
-from fl_adapters.flower.privacy import wrap_from_run_config
-from fl_adapters.flower.strategy import FedBalanceStrategy, strategy_from_run_config
-from fl_checks import ParameterError, shown
+with paused_collector():  # Flower starts a ServerApp process per run: see fl_adapters.collector
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg, Result
+
+    from fl_adapters.flower.app.task import CLIENT_KEYS, model_of, run_config_of
+    from fl_adapters.flower.payload import to_array_record, to_state_dict
+    from fl_adapters.flower.privacy import wrap_from_run_config
+    from fl_adapters.flower.strategy import FedBalanceStrategy, strategy_from_run_config
+    from fl_checks import ParameterError, shown
 
 log = logging.getLogger(__name__)
 app = ServerApp()
