@@ -123,18 +123,17 @@ lint: setup
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-# Three lanes run side by side: the main suite; the Flower suites (1.42, then the 1.41 smoke
-# lane, whose environment builds in the background meanwhile); ruff, mypy, import contracts and
-# the docs, started once $(VENV) is installed. Both cores are busy throughout, so what counts is
-# the CPU all of them take and how little runs alone at the end: in clean-clone runs the Flower
-# lane, with lint and the docs after it, finished 96-140 s after the main suite, those seconds
-# mostly one process (cc14, cc15: 1,302 and 1,242 s against 1,162 and 1,146 s), and building
-# the 1.41 environment after the 1.42 suite took 110 s of it. Run one test at a time on 2
-# cores, the main suite's tests took 1,465 CPU-s (mostly FedML processes, 7.7 CPU-s of `import
-# fedml` each) and the Flower suite's 684 CPU-s (Ray, SuperLink, SuperNodes, a ClientApp
-# process per message); FEDBALANCE_TEST_CPU=FILE logs each test's CPU (conftest). The same
-# commit on the same machine has taken 1,219 to 1,600 s hours apart, so compare runs made
-# side by side.
+# Three lanes run side by side: the main suite; the Flower 1.42 suite; ruff, mypy, import
+# contracts and the docs, then the Flower 1.41 smoke lane (its environment builds in the
+# background from when Flower's is ready). Both cores are busy throughout, so what counts is the
+# CPU all of them take and how little runs alone at the end. At caa4074 (clean clone, cc18) the
+# main suite finished after 976 s and the Flower lane, with the 1.41 lane after its suite, after
+# 1,065 s: the 1.41 lane (81 s) ran alone at the end, so it now follows lint and the docs. Most
+# of the CPU is processes starting: a FedML rank's `import fedml` (4.4 CPU-s with fedbalance's
+# paused collector, 6.6 without: `fedbalance bench host-import`), Flower's ClientApp processes
+# (one per message), SuperLinks, SuperNodes and Ray; FEDBALANCE_TEST_CPU=FILE logs each test's
+# CPU (conftest). The same commit on the same machine has taken 1,219 to 1,600 s hours apart,
+# so compare runs made side by side.
 # Each lane's output goes to its log (.flower-tests.log, .lint-docs.log), shown when all are
 # done; the target fails if any does. Each lane says after how many seconds it finished.
 # --dist worksteal: `load` handed one worker the last chunk of the file order (the FedML resume
@@ -150,35 +149,40 @@ lint: setup
 # alone are 121 MB of packages; the five packages with their dependencies were 177 Debian
 # packages and 30 s of apt-get install on this machine when it was fresh).
 test:
-	@rm -f .flower-tests.rc .setup.rc .docs-setup.rc .oldest-setup.rc .lint-docs.rc; \
+	@rm -f .flower-tests.rc .setup.rc .docs-setup.rc .oldest-setup.rc .lint-docs.rc .oldest-tests.rc; \
 	start=$$(date +%s); \
 	( $(MAKE) --no-print-directory $(DOCS_VENV)/.installed > .side-setup.log 2>&1; \
 		echo $$? > .docs-setup.rc ) & \
 	$(MAKE) --no-print-directory -j2 system-deps $(VENV)/.torch || { wait; exit 1; }; \
-	( { $(MAKE) --no-print-directory setup-flower && { \
+	( { if $(MAKE) --no-print-directory setup-flower; then \
 		( $(MAKE) --no-print-directory setup-flower-oldest > .oldest-setup.log 2>&1; \
 			echo $$? > .oldest-setup.rc ) & \
-		$(MAKE) --no-print-directory test-flower; newest=$$?; wait $$!; cat .oldest-setup.log; \
-		[ "$$(cat .oldest-setup.rc)" = 0 ] && $(MAKE) --no-print-directory test-flower-oldest \
-		&& [ $$newest = 0 ]; }; echo $$? > .flower-tests.rc; \
+		$(MAKE) --no-print-directory test-flower; \
+		else echo 1 > .oldest-setup.rc; false; fi; echo $$? > .flower-tests.rc; \
 		echo "Flower lane finished after $$(( $$(date +%s) - start )) s"; \
 		} > .flower-tests.log 2>&1 ) & \
 	$(MAKE) --no-print-directory setup; echo $$? > .setup.rc; \
-	[ "$$(cat .setup.rc)" = 0 ] || { wait; exit 1; }; \
+	[ "$$(cat .setup.rc)" = 0 ] || { wait; until [ -e .oldest-setup.rc ]; do sleep 2; done; exit 1; }; \
 	( { until [ -e .docs-setup.rc ]; do sleep 2; done; cat .side-setup.log; \
 		if [ "$$(cat .docs-setup.rc)" = 0 ]; then \
 			$(MAKE) -k --no-print-directory lint test-docs; rest=$$?; else rest=1; fi; \
 		echo $$rest > .lint-docs.rc; \
 		echo "lint and docs finished after $$(( $$(date +%s) - start )) s"; \
+		until [ -e .oldest-setup.rc ]; do sleep 2; done; cat .oldest-setup.log; \
+		if [ "$$(cat .oldest-setup.rc)" = 0 ]; then \
+			$(MAKE) --no-print-directory test-flower-oldest; oldest=$$?; else oldest=1; fi; \
+		echo $$oldest > .oldest-tests.rc; \
+		echo "Flower $(FLOWER_OLD_RELEASE) lane finished after $$(( $$(date +%s) - start )) s"; \
 		} > .lint-docs.log 2>&1 ) & \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25 $(PYTEST_ARGS); main=$$?; \
 	echo "main suite finished after $$(( $$(date +%s) - start )) s"; \
-	wait; echo "---- Flower suites (in $(FLOWER_VENV), $(FLOWER_OLD_VENV); log: .flower-tests.log) ----"; \
-	cat .flower-tests.log; echo "---- lint and docs (in $(VENV), $(DOCS_VENV); log: .lint-docs.log) ----"; \
+	wait; echo "---- Flower suite (in $(FLOWER_VENV); log: .flower-tests.log) ----"; \
+	cat .flower-tests.log; \
+	echo "---- lint, docs, Flower $(FLOWER_OLD_RELEASE) (in $(VENV), $(DOCS_VENV), $(FLOWER_OLD_VENV); log: .lint-docs.log) ----"; \
 	cat .lint-docs.log; flower=$$(cat .flower-tests.rc 2>/dev/null || echo 1); \
-	rest=$$(cat .lint-docs.rc 2>/dev/null || echo 1); \
-	echo "make test: main suite exit $$main, Flower suites exit $$flower, lint and docs exit $$rest"; \
-	[ $$main -eq 0 ] && [ $$flower -eq 0 ] && [ $$rest -eq 0 ]
+	rest=$$(cat .lint-docs.rc 2>/dev/null || echo 1); oldest=$$(cat .oldest-tests.rc 2>/dev/null || echo 1); \
+	echo "make test: main suite exit $$main, Flower suite exit $$flower, lint and docs exit $$rest, Flower $(FLOWER_OLD_RELEASE) exit $$oldest"; \
+	[ $$main -eq 0 ] && [ $$flower -eq 0 ] && [ $$rest -eq 0 ] && [ $$oldest -eq 0 ]
 
 test-flower: setup-flower
 	$(FLOWER_PY) -m mypy --follow-imports=silent adapters/flower benchmarks/perf_flower_overhead.py
