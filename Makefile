@@ -128,8 +128,9 @@ lint: setup
 # background from when Flower's is ready). Both cores are busy throughout, so what counts is the
 # CPU all of them take and how little runs alone at the end. At caa4074 (clean clone, cc18) the
 # main suite finished after 976 s and the Flower lane, with the 1.41 lane after its suite, after
-# 1,065 s: the 1.41 lane (81 s) ran alone at the end, so it now follows lint and the docs. Most
-# of the CPU is processes starting: a FedML rank's `import fedml` (4.4 CPU-s with fedbalance's
+# 1,065 s: the 1.41 lane (81 s) ran alone at the end. With it after lint and the docs (cc19):
+# main suite 1,041 s, Flower lane 1,046 s, the lint, docs and 1.41 lane 334 s. Most of the CPU
+# is processes starting: a FedML rank's `import fedml` (4.4 CPU-s with fedbalance's
 # paused collector, 6.6 without: `fedbalance bench host-import`), Flower's ClientApp processes
 # (one per message), SuperLinks, SuperNodes and Ray; FEDBALANCE_TEST_CPU=FILE logs each test's
 # CPU (conftest). The same commit on the same machine has taken 1,219 to 1,600 s hours apart,
