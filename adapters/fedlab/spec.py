@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fl_adapters.collector import paused_collector
 from fl_adapters.hosts import HostSpec, RunOptions
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ def run(config: RunConfig, out: Path, options: RunOptions) -> dict[str, Any]:
             config_path=options.config_path,
             resume=options.resume,
         )
-    from fl_adapters.fedlab.runner import run_standalone
+    with paused_collector():  # FedLab and torch: see fl_adapters.collector
+        from fl_adapters.fedlab.runner import run_standalone
 
     return run_standalone(config, out, progress=options.progress, resume=options.resume)
 
@@ -79,8 +81,10 @@ def commands(sub: argparse._SubParsersAction[Any]) -> None:
 
 def server(args: argparse.Namespace) -> int:
     from fl_adapters.cli import load_config
-    from fl_adapters.fedlab.runner import run_server
     from fl_adapters.run.directory import claim
+
+    with paused_collector():  # a process of its own: see fl_adapters.collector
+        from fl_adapters.fedlab.runner import run_server
 
     config = load_config(args.config)
     with claim(Path(args.out), resume=args.resume, overwrite=args.overwrite):
@@ -97,7 +101,9 @@ def server(args: argparse.Namespace) -> int:
 
 def client(args: argparse.Namespace) -> int:
     from fl_adapters.cli import load_config
-    from fl_adapters.fedlab.runner import run_client
+
+    with paused_collector():  # a process of its own: see fl_adapters.collector
+        from fl_adapters.fedlab.runner import run_client
 
     resume_from = Path(args.resume_from) if args.resume_from else None
     run_client(load_config(args.config), args.rank, args.world_size, args.host, resume_from)

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from fl_adapters.collector import paused_collector
 from fl_adapters.hosts import HostSpec, RunOptions
 
 if TYPE_CHECKING:
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 
 def run(config: RunConfig, out: Path, options: RunOptions) -> dict[str, Any]:
-    from fl_adapters.fedml.runner import run_fedml
+    with paused_collector():  # FedML and torch: see fl_adapters.collector
+        from fl_adapters.fedml.runner import run_fedml
 
     return run_fedml(config, out, resume=options.resume)
 
