@@ -93,6 +93,7 @@ def run(repeats: int = 7, out_dir: Path = RESULTS) -> dict[str, Any]:
         rows.append(
             [
                 row,
+                str(record["rows"][row]["repeats"]),
                 f"{cpu['stock']:.2f}",
                 f"{cpu['paused']:.2f}",
                 f"{cpu['paused'] / cpu['stock']:.2f}x",
@@ -101,12 +102,21 @@ def run(repeats: int = 7, out_dir: Path = RESULTS) -> dict[str, Any]:
             ]
         )
     table = markdown_table(
-        ["fresh process", "stock CPU s", "paused CPU s", "ratio", "stock MiB", "paused MiB"], rows
+        [
+            "fresh process",
+            "samples",
+            "stock CPU s",
+            "paused CPU s",
+            "ratio",
+            "stock MiB",
+            "paused MiB",
+        ],
+        rows,
     )
     text = (
         "# A fresh process's imports: fedbalance's paused collector against stock\n\n"
         "CPU time (user + system) and peak memory of a fresh process that makes the imports and "
-        f"exits; medians of {repeats} alternating samples each, on Python {platform.python_version()}.\n"
+        f"exits; medians of the samples of each arm, stock and paused alternating, on Python {platform.python_version()}.\n"
         "Regenerate: `fedbalance bench host-import` in the main environment (FedML) and in "
         "Flower's (the ClientApp).\n\n"
         f"{table}\n"
