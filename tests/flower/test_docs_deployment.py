@@ -34,11 +34,21 @@ def test_the_documented_deployment_runs_the_quickstart_with_fedloss(tmp_path: Pa
     app = tmp_path / "app"
     shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
     record = tmp_path / "record.jsonl"
+    # A loaded machine starts the SuperLink late (CI's took over 5 s): this one waits 8 s
+    # before Flower's own starts, so the block must wait for it rather than for a fixed time.
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    superlink = slow / "flower-superlink"
+    real = Path(sys.executable).parent / "flower-superlink"
+    superlink.write_text(f'#!/bin/bash\nsleep 8\nexec "{real}" "$@"\n')
+    superlink.chmod(0o755)
     env = {
         **os.environ,
         "FLWR_HOME": str(tmp_path / "flwr-home"),  # never the user's ~/.flwr
         "FEDBALANCE_RECORD": str(record),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PATH": os.pathsep.join(
+            [str(slow), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+        ),
     }
     try:
         out = subprocess.run(
