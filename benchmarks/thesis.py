@@ -164,10 +164,14 @@ def record_key(cfg: dict[str, Any]) -> dict[str, Any]:
     return key
 
 
+#: The bias figures a record keeps per evaluated round, beside accuracy (``metrics.jsonl``'s keys).
+BIAS = ("balanced_accuracy", "worst_class_recall", "client_acc_p10")
+
+
 def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
-    """A finished run, compactly: its config; per evaluated round the accuracy and loss of the
-    global model (on the clients' test splits, or their validation splits for a sweep) and the
-    largest aggregation weight; and the rounds in which a bound changed a weight."""
+    """A finished run, compactly: its config; per evaluated round the accuracy, loss and bias
+    figures of the global model (on the clients' test splits, or their validation splits for a
+    sweep) and the largest aggregation weight; and the rounds in which a bound changed a weight."""
     rows = read_metrics(out)
     on = "val" if cfg.get("eval_data") == "val" else "test"
     evals = [r for r in rows if f"{on}_accuracy" in r]
@@ -178,6 +182,7 @@ def make_record(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
         "rounds": [r["round"] for r in evals],
         "accuracy": [r[f"{on}_accuracy"] for r in evals],
         f"{on}_loss": [r.get(f"{on}_loss") for r in evals],
+        "bias": {key: [r.get(key) for r in evals] for key in BIAS},
         "top_weight": [max(r["weights"]) if r.get("weights") else None for r in evals],
         "bounded_rounds": [r["round"] for r in rows if r.get("bounded")],
         "bytes_up": sum(r.get("bytes_up", 0) for r in rows),

@@ -113,6 +113,49 @@ def summary_table(curves: list[dict[str, Any]], opts: dict[str, Any], best: bool
     return markdown_table([head, *opts["scenarios"]], rows)
 
 
+#: The bias figures' names in the report, by their keys in a record's ``bias``.
+BIAS_LABELS = {
+    "balanced_accuracy": "balanced acc %",
+    "worst_class_recall": "worst-class recall %",
+    "client_acc_p10": "client acc p10 %",
+}
+
+
+def final_figure(curve: dict[str, Any], key: str) -> float | None:
+    """A bias figure over the rounds that make a run's final accuracy (its last
+    :data:`FINAL_ROUNDS` evaluations), or None where the run did not measure it."""
+    values = curve.get("bias", {}).get(key, [])[-FINAL_ROUNDS:]
+    measured = [v for v in values if v is not None]
+    return statistics.mean(measured) if measured and len(measured) == len(values) else None
+
+
+def bias_table(curves: list[dict[str, Any]], opts: dict[str, Any]) -> str:
+    """Final accuracy beside the bias figures, over the same last rounds, mean ± std over the
+    seeds that measured them: a method that gains accuracy on the majority classes, or on the
+    clients that were already served, shows it here. Empty when no run measured them (records
+    written before the figures existed)."""
+    from fl_adapters._table import markdown_table
+
+    if not any(final_figure(c, key) is not None for c in curves for key in BIAS_LABELS):
+        return ""
+    rows = []
+    for scenario in opts["scenarios"]:
+        for agg in opts["aggregators"]:
+            runs = [c for c in curves if c["scenario"] == scenario and c["aggregator"] == agg]
+            cells = [mean_std([final_accuracy(c) / 100 for c in runs])]
+            for key in BIAS_LABELS:
+                figures = [final_figure(c, key) for c in runs]
+                cells.append(mean_std([f for f in figures if f is not None]))
+            rows.append([scenario, agg, *cells])
+    head = ["scenario", "aggregator", "final acc %", *BIAS_LABELS.values()]
+    return (
+        f"Bias, over the same last {FINAL_ROUNDS} rounds: balanced accuracy (mean recall over the"
+        " classes in the test data), the worst class's recall, and the 10th percentile of the"
+        " clients' accuracies on their own test splits; mean ± std over the seeds that measured"
+        " them.\n\n" + markdown_table(head, rows)
+    )
+
+
 #: A curve whose accuracy at its last checkpoint is this far below its accuracy at round 10
 #: has collapsed, and the report names it.
 COLLAPSE = 0.05
@@ -309,9 +352,9 @@ def write_report(
         + "\n\n"
         + summary_table(curves, opts, best=True)
         + "\n\n"
-        + collapses(curves, opts)
-        + "\n\n"
     )
+    bias = bias_table(curves, opts)
+    text += (bias + "\n\n" if bias else "") + collapses(curves, opts) + "\n\n"
     if opts.get("framework", "fedlab") != "fedlab":
         comparison = host_comparison(curves, opts)
         text += comparison + "\n\n" if comparison else ""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fedbalance_benchmarks._runs import mean_std
 from fl_adapters.cli import main
 
 REQUIRED_KEYS = {
@@ -204,6 +206,21 @@ def test_quick_thesis_bench_writes_tables_and_plots(tmp_path: Path, capsys) -> N
     doc = json.loads((tmp_path / "thesis_digits_quick.json").read_text())
     assert len(doc["runs"]) == 4 and all(len(r["accuracy"]) == 2 for r in doc["runs"])
     assert (tmp_path / "thesis_digits_quick_mixed.png").stat().st_size > 1000
+    # bias figures beside accuracy: the record keeps each evaluated round's figures from the
+    # run's metrics, and the report's cell is their mean over the final rounds
+    run = tmp_path / "runs" / "thesis_digits_quick" / "mixed" / "fedloss" / "seed0"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (record,) = [r for r in doc["runs"] if (r["scenario"], r["aggregator"]) == ("mixed", "fedloss")]
+    keys = ("balanced_accuracy", "worst_class_recall", "client_acc_p10")
+    for key in keys:
+        assert record["bias"][key] == [r[key] for r in rows if "test_accuracy" in r]
+    (line,) = [ln for ln in table.splitlines() if ln.startswith("| mixed ") and "| fedloss " in ln]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    figures = [statistics.mean(record["bias"][k]) for k in keys]  # 2 rounds: all final
+    assert cells[2:] == [
+        mean_std([statistics.mean(record["accuracy"])]),
+        *map(mean_std, [[f] for f in figures]),
+    ]
     # a second call resumes: nothing is re-run, the table is the same
     assert main(argv) == 0
     assert (tmp_path / "thesis_digits_quick.md").read_text().split("\n", 4)[4] == table.split(

@@ -74,3 +74,24 @@ def test_a_bounded_runs_record_must_say_when_its_bounds_acted(
         json.dumps({"config": thesis.record_key(cfg), "accuracy": [0.5], "bounded_rounds": []})
     )
     assert thesis.load_record(path, cfg) is not None
+
+
+def test_the_bias_table_stands_only_on_runs_that_measured_the_figures() -> None:
+    """Records written before the bias figures existed leave the report as it was; a run that
+    measured them gets its cells, over the same final rounds as its final accuracy, and a run
+    that measured them in only some of those rounds gets none rather than a partial mean."""
+    from fedbalance_benchmarks.thesis_report import bias_table
+
+    opts = {"scenarios": ["iid"], "aggregators": ["fedavg"]}
+    old = {"scenario": "iid", "aggregator": "fedavg", "rounds": [1, 2], "accuracy": [0.5, 0.6]}
+    assert bias_table([old], opts) == ""
+    rounds = list(range(1, 8))
+    figures = {
+        "balanced_accuracy": [0.0, 0.0, 0.4, 0.5, 0.6, 0.7, 0.8],
+        "worst_class_recall": [None] * 7,
+        "client_acc_p10": [0.1] * 6 + [None],
+    }
+    new = {**old, "rounds": rounds, "accuracy": [0.5] * 7, "bias": figures}
+    (line,) = [ln for ln in bias_table([new], opts).splitlines() if ln.startswith("| iid ")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells == ["iid", "fedavg", "50.00 (n = 1)", "60.00 (n = 1)", "-", "-"]
