@@ -10,6 +10,7 @@ from typing import Any
 
 from fedbalance_benchmarks._runs import RESULTS, mean_std, public
 from fedbalance_benchmarks.thesis import (
+    BIAS,
     HOST_LABELS,
     SCENARIOS,
     fedavgm_args,
@@ -114,11 +115,9 @@ def summary_table(curves: list[dict[str, Any]], opts: dict[str, Any], best: bool
 
 
 #: The bias figures' names in the report, by their keys in a record's ``bias``.
-BIAS_LABELS = {
-    "balanced_accuracy": "balanced acc %",
-    "worst_class_recall": "worst-class recall %",
-    "client_acc_p10": "client acc p10 %",
-}
+BIAS_LABELS = dict(
+    zip(BIAS, ("balanced acc %", "worst-class recall %", "client acc p10 %"), strict=True)
+)
 
 
 def final_figure(curve: dict[str, Any], key: str) -> float | None:
