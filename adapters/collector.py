@@ -10,8 +10,9 @@ the end the imports' cyclic garbage is collected once and what survives is froze
 It wraps what a fresh process imports before a little work: the hosts' packages in the import
 hook (:mod:`fl_adapters.autoload`); the FedLab and FedML runners that ``fedbalance run`` and
 FedLab's server and client processes import (the hosts' specs); and the ClientApp and ServerApp
-of fedbalance's Flower app, which Flower starts in a process of their own for every message. A process that turned its
-collector off keeps it off; ``FEDBALANCE_FREEZE_IMPORTS=0`` leaves the collector alone.
+of fedbalance's Flower app, which Flower starts in a process of their own for every message. A
+process that turned its collector off keeps it off; ``FEDBALANCE_FREEZE_IMPORTS=0`` leaves the
+collector alone.
 
 Imports nothing heavy: the import hook runs it in every Python process of the environment.
 """
